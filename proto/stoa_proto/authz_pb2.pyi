@@ -1,0 +1,49 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AuthzRoute(_message.Message):
+    __slots__ = ("route_id", "tenant_id", "api_id", "auth_mode", "scopes")
+    ROUTE_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    API_ID_FIELD_NUMBER: _ClassVar[int]
+    AUTH_MODE_FIELD_NUMBER: _ClassVar[int]
+    SCOPES_FIELD_NUMBER: _ClassVar[int]
+    route_id: str
+    tenant_id: str
+    api_id: str
+    auth_mode: str
+    scopes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AuthzIssuer(_message.Message):
+    __slots__ = ("tenant_id", "issuer", "jwks_json", "jwks_uri")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    ISSUER_FIELD_NUMBER: _ClassVar[int]
+    JWKS_JSON_FIELD_NUMBER: _ClassVar[int]
+    JWKS_URI_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    issuer: str
+    jwks_json: str
+    jwks_uri: str
+    def __init__(self, tenant_id: _Optional[str] = ..., issuer: _Optional[str] = ..., jwks_json: _Optional[str] = ..., jwks_uri: _Optional[str] = ...) -> None: ...
+
+class AuthzPolicySet(_message.Message):
+    __slots__ = ("name", "version", "gateway_id", "generation", "routes", "issuers")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    ISSUERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    gateway_id: str
+    generation: int
+    routes: _containers.RepeatedCompositeFieldContainer[AuthzRoute]
+    issuers: _containers.RepeatedCompositeFieldContainer[AuthzIssuer]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[AuthzRoute, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[AuthzIssuer, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,131 @@
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SyncStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SYNC_STATUS_UNSPECIFIED: _ClassVar[SyncStatus]
+    SYNCED: _ClassVar[SyncStatus]
+    FAILED: _ClassVar[SyncStatus]
+
+class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAILURE_REASON_UNSPECIFIED: _ClassVar[FailureReason]
+    FOREIGN_GATEWAY: _ClassVar[FailureReason]
+    STALE_GENERATION: _ClassVar[FailureReason]
+    ROUTE_LOSS: _ClassVar[FailureReason]
+    UNSUPPORTED_POLICY: _ClassVar[FailureReason]
+    DUPLICATE_POLICY: _ClassVar[FailureReason]
+    INVALID_INVENTORY: _ClassVar[FailureReason]
+    NACK: _ClassVar[FailureReason]
+    ACK_TIMEOUT: _ClassVar[FailureReason]
+SYNC_STATUS_UNSPECIFIED: SyncStatus
+SYNCED: SyncStatus
+FAILED: SyncStatus
+FAILURE_REASON_UNSPECIFIED: FailureReason
+FOREIGN_GATEWAY: FailureReason
+STALE_GENERATION: FailureReason
+ROUTE_LOSS: FailureReason
+UNSUPPORTED_POLICY: FailureReason
+DUPLICATE_POLICY: FailureReason
+INVALID_INVENTORY: FailureReason
+NACK: FailureReason
+ACK_TIMEOUT: FailureReason
+
+class Route(_message.Message):
+    __slots__ = ("route_id", "tenant_id", "api_id", "path_prefix", "methods", "upstream_url", "timeout_ms", "auth_mode", "scopes")
+    ROUTE_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    API_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    METHODS_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_URL_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    AUTH_MODE_FIELD_NUMBER: _ClassVar[int]
+    SCOPES_FIELD_NUMBER: _ClassVar[int]
+    route_id: str
+    tenant_id: str
+    api_id: str
+    path_prefix: str
+    methods: _containers.RepeatedScalarFieldContainer[str]
+    upstream_url: str
+    timeout_ms: int
+    auth_mode: str
+    scopes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., path_prefix: _Optional[str] = ..., methods: _Optional[_Iterable[str]] = ..., upstream_url: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Policy(_message.Message):
+    __slots__ = ("policy_id", "type", "config", "scope", "targets", "tenant_id", "applicable")
+    POLICY_ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    APPLICABLE_FIELD_NUMBER: _ClassVar[int]
+    policy_id: str
+    type: str
+    config: _struct_pb2.Struct
+    scope: str
+    targets: _containers.RepeatedScalarFieldContainer[str]
+    tenant_id: str
+    applicable: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, policy_id: _Optional[str] = ..., type: _Optional[str] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., scope: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., tenant_id: _Optional[str] = ..., applicable: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Tombstone(_message.Message):
+    __slots__ = ("route_id", "generation")
+    ROUTE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    route_id: str
+    generation: int
+    def __init__(self, route_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class TrustedIssuer(_message.Message):
+    __slots__ = ("tenant_id", "issuer", "jwks_json", "jwks_uri")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    ISSUER_FIELD_NUMBER: _ClassVar[int]
+    JWKS_JSON_FIELD_NUMBER: _ClassVar[int]
+    JWKS_URI_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    issuer: str
+    jwks_json: str
+    jwks_uri: str
+    def __init__(self, tenant_id: _Optional[str] = ..., issuer: _Optional[str] = ..., jwks_json: _Optional[str] = ..., jwks_uri: _Optional[str] = ...) -> None: ...
+
+class Inventory(_message.Message):
+    __slots__ = ("gateway_id", "generation", "routes", "policies", "tombstones", "issuers")
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    POLICIES_FIELD_NUMBER: _ClassVar[int]
+    TOMBSTONES_FIELD_NUMBER: _ClassVar[int]
+    ISSUERS_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    generation: int
+    routes: _containers.RepeatedCompositeFieldContainer[Route]
+    policies: _containers.RepeatedCompositeFieldContainer[Policy]
+    tombstones: _containers.RepeatedCompositeFieldContainer[Tombstone]
+    issuers: _containers.RepeatedCompositeFieldContainer[TrustedIssuer]
+    def __init__(self, gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ..., tombstones: _Optional[_Iterable[_Union[Tombstone, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ...) -> None: ...
+
+class SyncReport(_message.Message):
+    __slots__ = ("gateway_id", "generation", "status", "snapshot_version", "reason", "detail")
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    generation: int
+    status: SyncStatus
+    snapshot_version: str
+    reason: FailureReason
+    detail: str
+    def __init__(self, gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., status: _Optional[_Union[SyncStatus, str]] = ..., snapshot_version: _Optional[str] = ..., reason: _Optional[_Union[FailureReason, str]] = ..., detail: _Optional[str] = ...) -> None: ...
