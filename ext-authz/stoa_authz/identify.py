@@ -1,0 +1,182 @@
+"""Phase 3, identify: a bearer JWT checked against the keys of an issuer the route's tenant trusts.
+
+Asymmetric algorithms only (the allowed set comes from the key: a symmetric key never loads, so
+neither `none` nor HMAC-with-a-public-key can verify); `iss`, `aud` and `exp` required; `exp`/`nbf`
+with a small leeway. Validated tokens are cached per policy set by (tenant, sha256(token)) until they
+expire. An unknown `kid` triggers at most one bounded JWKS fetch per issuer and interval.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from joserfc import jwt
+from joserfc.errors import ExpiredTokenError, JoseError
+from joserfc.jwt import JWTClaimsRegistry
+
+from stoa_authz.policy import PolicyError, PolicySet, Route, TrustedIssuer, VerificationKey, parse_jwks
+from stoa_authz.reasons import Deny, Reason
+
+LEEWAY_S = 30
+REFRESH_INTERVAL_S = 30.0
+_MAX_TOKEN_BYTES = 16_384
+
+log = logging.getLogger("stoa_authz.identify")
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    subject: str
+    tenant: str | None
+    scopes: frozenset[str]
+    expires_at: float
+
+
+def _b64json(segment: str) -> dict[str, Any]:
+    padded = segment + "=" * (-len(segment) % 4)
+    value = json.loads(base64.urlsafe_b64decode(padded))
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
+def granted_scopes(claims: dict[str, Any]) -> frozenset[str]:
+    scopes: set[str] = set()
+    scope = claims.get("scope")
+    if isinstance(scope, str):
+        scopes.update(scope.split())
+    scp = claims.get("scp")
+    if isinstance(scp, str):
+        scopes.update(scp.split())
+    elif isinstance(scp, list):
+        scopes.update(s for s in scp if isinstance(s, str))
+    return frozenset(scopes)
+
+
+def bearer_token(authorization: str | None) -> str:
+    if not authorization:
+        raise Deny(Reason.MISSING_TOKEN)
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        raise Deny(Reason.MISSING_TOKEN)
+    token = token.strip()
+    if not token or len(token) > _MAX_TOKEN_BYTES:
+        raise Deny(Reason.INVALID_TOKEN)
+    return token
+
+
+class Identifier:
+    def __init__(
+        self,
+        audience: str,
+        tenant_claim: str,
+        cache_size: int = 10_000,
+        fetch_timeout_s: float = 2.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._tenant_claim = tenant_claim
+        self._cache_size = cache_size
+        self._fetch_timeout_s = fetch_timeout_s
+        self._clock = clock
+        self._claims = JWTClaimsRegistry(
+            now=lambda: int(self._clock()),
+            leeway=LEEWAY_S,
+            iss={"essential": True},
+            aud={"essential": True, "value": audience},
+            exp={"essential": True},
+        )
+
+    async def identify(self, authorization: str | None, route: Route, policy: PolicySet) -> Identity:
+        token = bearer_token(authorization)
+        cache_key = (route.tenant_id, hashlib.sha256(token.encode()).digest())
+        cached: Identity | None = policy.token_cache.get(cache_key)
+        now = self._clock()
+        if cached is not None:
+            if now <= cached.expires_at + LEEWAY_S:
+                return cached
+            del policy.token_cache[cache_key]
+            raise Deny(Reason.EXPIRED_TOKEN)
+        identity = await self._validate(token, route)
+        if self._cache_size:
+            policy.token_cache[cache_key] = identity
+            if len(policy.token_cache) > self._cache_size:
+                policy.token_cache.popitem(last=False)
+        return identity
+
+    async def _validate(self, token: str, route: Route) -> Identity:
+        parts = token.split(".")
+        if len(parts) != 3:
+            raise Deny(Reason.INVALID_TOKEN)
+        try:
+            header = _b64json(parts[0])
+            unverified = _b64json(parts[1])
+        except (ValueError, binascii.Error) as exc:
+            raise Deny(Reason.INVALID_TOKEN) from exc
+        issuer_name = unverified.get("iss")
+        if not isinstance(issuer_name, str) or not issuer_name:
+            raise Deny(Reason.INVALID_TOKEN)
+        issuer = route.issuers.get(issuer_name)
+        if issuer is None:
+            raise Deny(Reason.WRONG_ISSUER)
+        alg = header.get("alg")
+        kid = header.get("kid", "")
+        if not isinstance(alg, str) or not isinstance(kid, str):
+            raise Deny(Reason.INVALID_TOKEN)
+        key = await self._key(issuer, kid)
+        if key is None or alg not in key.algorithms:
+            raise Deny(Reason.INVALID_TOKEN)
+        try:
+            claims = jwt.decode(token, key.key, algorithms=[alg]).claims
+        except (JoseError, ValueError) as exc:
+            raise Deny(Reason.INVALID_TOKEN) from exc
+        try:
+            self._claims.validate(claims)
+        except ExpiredTokenError as exc:
+            raise Deny(Reason.EXPIRED_TOKEN) from exc
+        except JoseError as exc:  # missing or invalid claim: aud has its own reason
+            wrong_aud = getattr(exc, "claim", "") == "aud"
+            raise Deny(Reason.WRONG_AUDIENCE if wrong_aud else Reason.INVALID_TOKEN) from exc
+        subject = claims.get("sub", "")
+        tenant = claims.get(self._tenant_claim)
+        return Identity(
+            subject=subject if isinstance(subject, str) else "",
+            tenant=tenant if isinstance(tenant, str) else None,
+            scopes=granted_scopes(claims),
+            expires_at=float(claims["exp"]),
+        )
+
+    async def _key(self, issuer: TrustedIssuer, kid: str) -> VerificationKey | None:
+        key = self._pick(issuer.keys, kid)
+        if key is not None or not issuer.jwks_uri:
+            return key
+        now = time.monotonic()
+        if issuer.last_refresh and now - issuer.last_refresh < REFRESH_INTERVAL_S:
+            return None
+        issuer.last_refresh = now
+        try:
+            async with httpx.AsyncClient(timeout=self._fetch_timeout_s) as client:
+                response = await client.get(issuer.jwks_uri)
+                response.raise_for_status()
+            fetched = parse_jwks(response.text, f"JWKS of {issuer.issuer}")
+        except (httpx.HTTPError, PolicyError) as exc:
+            # The issuer URL is a claim value: not logged.
+            log.warning("jwks refresh failed", extra={"error": type(exc).__name__})
+            return None
+        issuer.keys = {**issuer.keys, **fetched}
+        return self._pick(issuer.keys, kid)
+
+    @staticmethod
+    def _pick(keys: dict[str, VerificationKey], kid: str) -> VerificationKey | None:
+        if kid:
+            return keys.get(kid)
+        # A token without kid is only unambiguous against a single key.
+        return next(iter(keys.values())) if len(keys) == 1 else None

@@ -1,0 +1,41 @@
+"""JSON-lines logging: every log record is one JSON object on stderr.
+
+Decision events carry their fields in `extra={"fields": {...}}`; nothing here ever receives a token
+or a claim value (the decision module passes only route data, reasons and timings).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "fields"}
+
+
+class JsonLines(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        event: dict[str, object] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            event.update(fields)
+        else:
+            event["message"] = record.getMessage()
+        event.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        if record.exc_info and record.exc_info[0] is not None:
+            event["exception"] = record.exc_info[0].__name__
+        return json.dumps(event, default=str, separators=(",", ":"))
+
+
+def configure(level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.Formatter.converter = time.gmtime

@@ -1,0 +1,187 @@
+"""Policy sets: the AuthzPolicySet delivered over ADS, compiled once at load into lookup structures.
+
+Everything a decision needs is prepared here (parsed public keys per tenant and issuer, routes by id,
+scopes as frozensets), so a Check only does dictionary look-ups. A set that cannot be used raises
+PolicyError, which the ADS client turns into a NACK; the previous sets stay in force.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from joserfc.errors import JoseError
+from joserfc.jwk import ECKey, OKPKey, RSAKey, import_key
+from stoa_proto import authz_pb2
+
+PublicKey = RSAKey | ECKey | OKPKey
+
+_RSA_ALGS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"})
+# Algorithms a key may verify, by key type and curve. No "none", no HMAC: symmetric keys never load.
+_EC_ALGS = {"P-256": frozenset({"ES256"}), "P-384": frozenset({"ES384"})}
+_OKP_ALGS = {"Ed25519": frozenset({"EdDSA", "Ed25519"})}
+_PRIVATE_MEMBERS = ("d", "p", "q", "dp", "dq", "qi", "oth", "k")
+_MIN_RSA_BITS = 2048
+
+
+class PolicyError(Exception):
+    """The policy set is unusable; the message goes into the NACK's error_detail."""
+
+
+@dataclass(frozen=True, slots=True)
+class VerificationKey:
+    key: PublicKey
+    algorithms: frozenset[str]
+
+
+def parse_jwk(member: Any, where: str) -> tuple[str, VerificationKey]:
+    if not isinstance(member, dict):
+        raise PolicyError(f"{where}: a JWKS key must be an object")
+    kty = member.get("kty")
+    if kty == "oct":
+        raise PolicyError(f"{where}: symmetric key (kty oct) refused")
+    if kty not in ("RSA", "EC", "OKP"):
+        raise PolicyError(f"{where}: unsupported key type {kty!r}")
+    if any(name in member for name in _PRIVATE_MEMBERS):
+        raise PolicyError(f"{where}: private key material refused")
+    kid = member.get("kid", "")
+    if not isinstance(kid, str):
+        raise PolicyError(f"{where}: kid must be a string")
+    try:
+        key = import_key(member)
+    except (JoseError, ValueError, TypeError) as exc:
+        raise PolicyError(f"{where}: key does not parse: {exc}") from exc
+    if key.is_private:
+        raise PolicyError(f"{where}: private key material refused")
+    if isinstance(key, RSAKey):
+        if key.raw_value.key_size < _MIN_RSA_BITS:  # type: ignore[union-attr]
+            raise PolicyError(f"{where}: RSA key shorter than {_MIN_RSA_BITS} bits")
+        algs = _RSA_ALGS
+    elif isinstance(key, ECKey):
+        algs = _EC_ALGS.get(member.get("crv", ""), frozenset())
+    else:
+        algs = _OKP_ALGS.get(member.get("crv", ""), frozenset())
+    if not algs:
+        raise PolicyError(f"{where}: unsupported curve {member.get('crv')!r}")
+    declared = member.get("alg")
+    if declared is not None:
+        if declared not in algs:
+            raise PolicyError(f"{where}: algorithm {declared!r} does not fit the key")
+        algs = frozenset({declared})
+    return kid, VerificationKey(key, algs)  # type: ignore[arg-type]
+
+
+def parse_jwks(text: str, where: str) -> dict[str, VerificationKey]:
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise PolicyError(f"{where}: JWKS is not JSON") from exc
+    if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
+        raise PolicyError(f"{where}: JWKS has no 'keys' list")
+    keys: dict[str, VerificationKey] = {}
+    for index, member in enumerate(document["keys"]):
+        if isinstance(member, dict) and member.get("use", "sig") != "sig":
+            continue  # encryption keys are not for verifying tokens
+        kid, key = parse_jwk(member, f"{where} key {index}")
+        if kid in keys:
+            raise PolicyError(f"{where}: duplicate kid {kid!r}")
+        keys[kid] = key
+    return keys
+
+
+@dataclass(slots=True)
+class TrustedIssuer:
+    issuer: str
+    jwks_uri: str
+    # Replaced as a whole (never mutated) when an unknown kid triggers a refresh.
+    keys: dict[str, VerificationKey]
+    last_refresh: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    route_id: str
+    tenant_id: str
+    api_id: str
+    auth_none: bool
+    scopes: frozenset[str]
+    # This route's tenant's trusted issuers, by issuer URL.
+    issuers: dict[str, TrustedIssuer]
+
+
+@dataclass(slots=True)
+class PolicySet:
+    version: str
+    generation: int
+    routes: dict[str, Route]
+    # Validated tokens, per set: (tenant_id, sha256(token)) -> cached identity (see identify).
+    token_cache: OrderedDict[tuple[str, bytes], Any] = field(default_factory=OrderedDict)
+
+
+def compile_policy_set(message: authz_pb2.AuthzPolicySet) -> PolicySet:
+    if not message.version:
+        raise PolicyError("policy set has no version")
+    issuers: dict[str, dict[str, TrustedIssuer]] = {}
+    for issuer in message.issuers:
+        where = f"issuer {issuer.issuer!r} of tenant {issuer.tenant_id!r}"
+        if not issuer.tenant_id or not issuer.issuer:
+            raise PolicyError(f"{where}: tenant_id and issuer are required")
+        if not issuer.jwks_json and not issuer.jwks_uri:
+            raise PolicyError(f"{where}: neither JWKS nor jwks_uri")
+        keys = parse_jwks(issuer.jwks_json, where) if issuer.jwks_json else {}
+        tenant = issuers.setdefault(issuer.tenant_id, {})
+        if issuer.issuer in tenant:
+            raise PolicyError(f"{where}: listed twice")
+        tenant[issuer.issuer] = TrustedIssuer(issuer.issuer, issuer.jwks_uri, keys)
+    routes: dict[str, Route] = {}
+    for route in message.routes:
+        where = f"route {route.route_id!r}"
+        if not route.route_id or not route.tenant_id:
+            raise PolicyError(f"{where}: route_id and tenant_id are required")
+        if route.route_id in routes:
+            raise PolicyError(f"{where}: listed twice")
+        if route.auth_mode not in ("", "jwt", "none"):
+            raise PolicyError(f"{where}: unsupported auth mode {route.auth_mode!r}")
+        if any(not scope.strip() for scope in route.scopes):
+            raise PolicyError(f"{where}: blank scope")
+        routes[route.route_id] = Route(
+            route_id=route.route_id,
+            tenant_id=route.tenant_id,
+            api_id=route.api_id,
+            auth_none=route.auth_mode == "none",
+            scopes=frozenset(route.scopes),
+            issuers=issuers.get(route.tenant_id, {}),
+        )
+    return PolicySet(message.version, message.generation, routes)
+
+
+class PolicyStore:
+    """The last few accepted policy sets, by version; a Check asks for the version its route names."""
+
+    def __init__(self, keep: int = 4, on_change: Callable[[], None] | None = None) -> None:
+        self._keep = keep
+        self._sets: OrderedDict[str, PolicySet] = OrderedDict()
+        self.on_change = on_change
+        self.latest: PolicySet | None = None
+
+    def add(self, policy_set: PolicySet) -> None:
+        # Same content, same version: keep the loaded object (and its warm token cache).
+        current = self._sets.pop(policy_set.version, None)
+        self._sets[policy_set.version] = current or policy_set
+        while len(self._sets) > self._keep:
+            self._sets.popitem(last=False)
+        self.latest = self._sets[policy_set.version]
+        if self.on_change:
+            self.on_change()
+
+    def get(self, version: str) -> PolicySet | None:
+        return self._sets.get(version)
+
+    def versions(self) -> list[str]:
+        return list(self._sets)
+
+    def __bool__(self) -> bool:
+        return bool(self._sets)

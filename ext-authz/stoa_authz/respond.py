@@ -1,0 +1,76 @@
+"""Phase 5, respond: the CheckResponse Envoy acts on.
+
+Allow: headers for the upstream (overwriting any client-sent header of the same name) and removal of
+every other inbound identity header. Deny: status, `WWW-Authenticate` where it applies, and the
+neutral body for the status. Deny responses are built once per reason at import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
+from envoy.service.auth.v3.external_auth_pb2 import CheckResponse, DeniedHttpResponse, OkHttpResponse
+from envoy.type.v3.http_status_pb2 import HttpStatus
+from google.rpc import code_pb2, status_pb2
+from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES
+
+from stoa_authz.reasons import DENIALS, Reason
+
+TENANT_HEADER = "x-stoa-tenant-id"
+API_HEADER = "x-stoa-api-id"
+SUBJECT_HEADER = "x-stoa-subject"
+IDENTITY_HEADER = "x-stoa-identity"
+RETRY_AFTER_S = "1"
+
+_OVERWRITE = HeaderValueOption.HeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD
+_GRPC_CODE = {400: code_pb2.INVALID_ARGUMENT, 401: code_pb2.UNAUTHENTICATED, 503: code_pb2.UNAVAILABLE}
+
+
+def _header(name: str, value: str) -> HeaderValueOption:
+    return HeaderValueOption(header=HeaderValue(key=name, value=value), append_action=_OVERWRITE)
+
+
+def _denial(reason: Reason) -> CheckResponse:
+    status, challenge = DENIALS[reason]
+    headers = [_header("content-type", CONTENT_TYPE)]
+    if challenge:
+        headers.append(_header("www-authenticate", challenge))
+    if status == 503:
+        headers.append(_header("retry-after", RETRY_AFTER_S))
+    return CheckResponse(
+        status=status_pb2.Status(code=_GRPC_CODE.get(status, code_pb2.PERMISSION_DENIED)),
+        denied_response=DeniedHttpResponse(
+            status=HttpStatus(code=status),  # type: ignore[arg-type]
+            headers=headers,
+            body=DENY_BODIES[status].decode(),
+        ),
+    )
+
+
+DENY_RESPONSES: dict[Reason, CheckResponse] = {reason: _denial(reason) for reason in DENIALS}
+
+
+def deny(reason: Reason) -> CheckResponse:
+    return DENY_RESPONSES[reason]
+
+
+def allow(
+    tenant: str,
+    api: str,
+    inbound_identity: Iterable[str],
+    subject: str | None = None,
+    envelope: str | None = None,
+) -> CheckResponse:
+    headers = [_header(TENANT_HEADER, tenant), _header(API_HEADER, api)]
+    if subject is not None:
+        headers.append(_header(SUBJECT_HEADER, subject))
+    if envelope is not None:
+        headers.append(_header(IDENTITY_HEADER, envelope))
+    # What we set is overwritten in place; everything else the client sent goes.
+    set_now = {h.header.key for h in headers}
+    remove = [name for name in inbound_identity if name not in set_now]
+    return CheckResponse(
+        status=status_pb2.Status(code=code_pb2.OK),
+        ok_response=OkHttpResponse(headers=headers, headers_to_remove=remove),
+    )

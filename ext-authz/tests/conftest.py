@@ -1,0 +1,73 @@
+"""Shared builders for the authorization service's unit tests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from envoy.service.auth.v3 import external_auth_pb2
+from stoa_harness.idp import DevIdentityProvider
+from stoa_proto import authz_pb2
+
+AUDIENCE = "stoa-test"
+
+
+def check_request(
+    headers: dict[str, str] | None = None,
+    route_id: str = "orders",
+    version: str = "v1",
+    tenant_id: str = "acme",
+    api_id: str = "orders",
+    request_id: str = "req-1",
+) -> external_auth_pb2.CheckRequest:
+    request = external_auth_pb2.CheckRequest()
+    attributes = request.attributes
+    attributes.context_extensions.update(
+        {"tenant_id": tenant_id, "api_id": api_id, "route_id": route_id, "policy_set_version": version}
+    )
+    http = attributes.request.http
+    http.id = request_id
+    http.method = "GET"
+    http.path = f"/apis/{api_id}"
+    http.headers.update({":authority": "gw.local", ":path": http.path, ":method": "GET", **(headers or {})})
+    return request
+
+
+def policy_message(idp: DevIdentityProvider, version: str = "v1") -> authz_pb2.AuthzPolicySet:
+    """Tenant acme: a jwt route `orders` (scope orders:read) and an auth-none route `open`."""
+    return authz_pb2.AuthzPolicySet(
+        name="default",
+        version=version,
+        gateway_id="gw-1",
+        generation=1,
+        routes=[
+            authz_pb2.AuthzRoute(
+                route_id="orders", tenant_id="acme", api_id="orders", auth_mode="jwt", scopes=["orders:read"]
+            ),
+            authz_pb2.AuthzRoute(route_id="open", tenant_id="acme", api_id="open", auth_mode="none"),
+        ],
+        issuers=[
+            authz_pb2.AuthzIssuer(tenant_id="acme", issuer=idp.issuer, jwks_json=json.dumps(idp.jwks()))
+        ],
+    )
+
+
+@pytest.fixture(scope="session")
+def idp() -> DevIdentityProvider:
+    # Not started: tokens and JWKS come from its methods; its issuer is its (unbound) base URL.
+    return DevIdentityProvider(alg="RS256", audience=AUDIENCE)
+
+
+@pytest.fixture(scope="session")
+def req():
+    return check_request
+
+
+@pytest.fixture(scope="session")
+def policy():
+    return policy_message
+
+
+@pytest.fixture(scope="session")
+def audience() -> str:
+    return AUDIENCE

@@ -1,0 +1,142 @@
+"""The ADS client against an in-process ADS server (plain gRPC): subscribe, ACK, NACK with the
+previous set kept, version pinning while the next set rolls out, and resubscribe after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import grpc
+import pytest
+from envoy.service.discovery.v3 import ads_pb2_grpc
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
+from google.protobuf import any_pb2
+from joserfc.jwk import OKPKey, RSAKey
+from stoa_authz.ads import TYPE_URL, PolicySubscription
+from stoa_authz.check import Decider, DecisionConfig
+from stoa_authz.envelope import Envelope
+from stoa_authz.identify import Identifier
+from stoa_authz.policy import PolicyStore
+
+AUD = "stoa-test"
+
+
+class FakeAds(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
+    def __init__(self) -> None:
+        self.requests: asyncio.Queue = asyncio.Queue()
+        self.outgoing: asyncio.Queue = asyncio.Queue()
+
+    async def StreamAggregatedResources(self, request_iterator, context):
+        async def pump():
+            async for request in request_iterator:
+                await self.requests.put(request)
+
+        reader = asyncio.ensure_future(pump())
+        try:
+            while True:
+                yield await self.outgoing.get()
+        finally:
+            reader.cancel()
+
+
+async def start_server(port: int = 0) -> tuple[grpc.aio.Server, FakeAds, int]:
+    fake = FakeAds()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(fake, server)
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server, fake, bound
+
+
+def response(message, version_info: str, nonce: str) -> DiscoveryResponse:
+    resource = any_pb2.Any()
+    resource.Pack(message)
+    return DiscoveryResponse(version_info=version_info, nonce=nonce, type_url=TYPE_URL, resources=[resource])
+
+
+async def next_request(fake: FakeAds):
+    return await asyncio.wait_for(fake.requests.get(), timeout=10)
+
+
+@pytest.fixture
+async def ads():
+    server, fake, port = await start_server()
+    store = PolicyStore()
+    task = asyncio.ensure_future(PolicySubscription(f"127.0.0.1:{port}", store).run())
+    yield fake, store
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await server.stop(grace=0)
+
+
+async def test_ack_nack_and_pinning(ads, idp, policy, req):
+    fake, store = ads
+    subscribe = await next_request(fake)
+    assert subscribe.type_url == TYPE_URL
+    assert subscribe.node.id
+    assert not subscribe.response_nonce
+
+    await fake.outgoing.put(response(policy(idp, "v1"), "snap-1", "n1"))
+    ack = await next_request(fake)
+    assert (ack.version_info, ack.response_nonce, ack.HasField("error_detail")) == ("snap-1", "n1", False)
+    assert store.versions() == ["v1"]
+
+    bad = policy(idp, "v2")
+    bad.issuers[0].jwks_json = json.dumps({"keys": [RSAKey.generate_key(2048).as_dict(private=True)]})
+    await fake.outgoing.put(response(bad, "snap-2", "n2"))
+    nack = await next_request(fake)
+    assert (nack.version_info, nack.response_nonce) == ("snap-1", "n2")
+    assert "private" in nack.error_detail.message
+    assert store.versions() == ["v1"]
+
+    # Set v3 changes the route's scope; routes still built with v1 are decided with v1.
+    newer = policy(idp, "v3")
+    del newer.routes[0].scopes[:]
+    newer.routes[0].scopes.append("orders:write")
+    await fake.outgoing.put(response(newer, "snap-3", "n3"))
+    ack = await next_request(fake)
+    assert (ack.version_info, ack.response_nonce) == ("snap-3", "n3")
+    assert store.versions() == ["v1", "v3"]
+
+    decider = Decider(
+        DecisionConfig(AUD, frozenset()),
+        store,
+        Identifier(AUD, "tenant_id"),
+        Envelope(OKPKey.generate_key("Ed25519"), "x"),
+    )
+    token = idp.mint(tenant="acme", scope="orders:read")
+    headers = {"authorization": f"Bearer {token}"}
+    assert (await decider.decide(req(headers, version="v1"))).HasField("ok_response")
+    assert (await decider.decide(req(headers, version="v3"))).denied_response.status.code == 403
+    assert (await decider.decide(req(headers, version="v2"))).denied_response.status.code == 503
+
+
+async def test_empty_or_foreign_response_is_nacked(ads, idp, policy):
+    fake, store = ads
+    await next_request(fake)
+    await fake.outgoing.put(DiscoveryResponse(version_info="snap-0", nonce="n0", type_url=TYPE_URL))
+    nack = await next_request(fake)
+    assert nack.error_detail.message
+    assert not store
+
+
+async def test_resubscribes_after_server_restart(idp, policy):
+    server, fake, port = await start_server()
+    store = PolicyStore()
+    task = asyncio.ensure_future(PolicySubscription(f"127.0.0.1:{port}", store).run())
+    try:
+        await next_request(fake)
+        await fake.outgoing.put(response(policy(idp, "v1"), "snap-1", "n1"))
+        await next_request(fake)
+        await server.stop(grace=0)
+        server, fake, _ = await start_server(port)
+        again = await next_request(fake)
+        assert again.version_info == "snap-1"
+        assert store.versions() == ["v1"]  # kept while disconnected
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await server.stop(grace=0)

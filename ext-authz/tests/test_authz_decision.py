@@ -1,0 +1,296 @@
+"""The decision phases, table-driven: each reason from a request a user could send."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from joserfc import jws
+from joserfc.jwk import OKPKey, import_key
+from stoa_authz.check import Decider, DecisionConfig
+from stoa_authz.envelope import Envelope
+from stoa_authz.identify import Identifier
+from stoa_authz.policy import PolicyStore, compile_policy_set
+from stoa_authz.reasons import Reason
+from stoa_proto.bodies import DENY_BODIES
+
+AUD = "stoa-test"  # the conftest's audience
+
+
+def make_decider(
+    idp, policy, audience=AUD, required=frozenset(), versions=("v1",)
+) -> tuple[Decider, Envelope]:
+    store = PolicyStore()
+    for version in versions:
+        store.add(compile_policy_set(policy(idp, version)))
+    envelope = Envelope(OKPKey.generate_key("Ed25519"), "stoa-ext-authz")
+    decider = Decider(
+        DecisionConfig(audience, frozenset(required)), store, Identifier(audience, "tenant_id"), envelope
+    )
+    return decider, envelope
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
+
+
+def headers_of(response) -> dict[str, str]:
+    section = response.ok_response if response.HasField("ok_response") else response.denied_response
+    return {h.header.key: h.header.value for h in section.headers}
+
+
+GOOD = {"tenant": "acme", "scope": "orders:read"}
+
+# (case id, request builder(idp) -> CheckRequest, expected reason, expected HTTP status or None for allow)
+CASES = [
+    ("allowed", lambda i, r: r(bearer(i.mint(**GOOD))), Reason.ALLOWED, None),
+    (
+        "scp-list",
+        lambda i, r: r(bearer(i.mint(tenant="acme", scope=None, scp=["orders:read"]))),
+        Reason.ALLOWED,
+        None,
+    ),
+    (
+        "scp-string",
+        lambda i, r: r(bearer(i.mint(tenant="acme", scope=None, scp="a orders:read"))),
+        Reason.ALLOWED,
+        None,
+    ),
+    (
+        "aud-list",
+        lambda i, r: r(bearer(i.mint(audience=["x", AUD], **GOOD))),
+        Reason.ALLOWED,
+        None,
+    ),
+    ("auth-none", lambda i, r: r(route_id="open", api_id="open"), Reason.ALLOWED, None),
+    ("no-header", lambda i, r: r(), Reason.MISSING_TOKEN, 401),
+    ("basic-scheme", lambda i, r: r({"authorization": "Basic dTpw"}), Reason.MISSING_TOKEN, 401),
+    ("garbage", lambda i, r: r(bearer("not-a-jwt")), Reason.INVALID_TOKEN, 401),
+    ("bad-signature", lambda i, r: r(bearer(i.bad_signature(**GOOD))), Reason.INVALID_TOKEN, 401),
+    ("alg-none", lambda i, r: r(bearer(i.alg_none(**GOOD))), Reason.INVALID_TOKEN, 401),
+    (
+        "hs256-public-key",
+        lambda i, r: r(bearer(i.hs256_with_public_key(**GOOD))),
+        Reason.INVALID_TOKEN,
+        401,
+    ),
+    ("not-yet-valid", lambda i, r: r(bearer(i.not_yet_valid(**GOOD))), Reason.INVALID_TOKEN, 401),
+    ("no-exp", lambda i, r: r(bearer(i.mint(exp=None, **GOOD))), Reason.INVALID_TOKEN, 401),
+    (
+        "unknown-kid",
+        lambda i, r: r(bearer(i.sign(i.claims(**GOOD), {"kid": "nope"}))),
+        Reason.INVALID_TOKEN,
+        401,
+    ),
+    ("expired", lambda i, r: r(bearer(i.expired(**GOOD))), Reason.EXPIRED_TOKEN, 401),
+    ("other-issuer", lambda i, r: r(bearer(i.other_issuer(**GOOD))), Reason.WRONG_ISSUER, 401),
+    ("no-iss", lambda i, r: r(bearer(i.mint(iss=None, **GOOD))), Reason.INVALID_TOKEN, 401),
+    ("wrong-audience", lambda i, r: r(bearer(i.wrong_audience(**GOOD))), Reason.WRONG_AUDIENCE, 401),
+    (
+        "no-audience",
+        lambda i, r: r(bearer(i.sign({k: v for k, v in i.claims(**GOOD).items() if k != "aud"}))),
+        Reason.WRONG_AUDIENCE,
+        401,
+    ),
+    (
+        "other-tenant",
+        lambda i, r: r(bearer(i.mint(tenant="globex", scope="orders:read"))),
+        Reason.TENANT_MISMATCH,
+        403,
+    ),
+    (
+        "no-tenant-claim",
+        lambda i, r: r(bearer(i.mint(tenant=None, scope="orders:read"))),
+        Reason.TENANT_MISMATCH,
+        403,
+    ),
+    (
+        "missing-scope",
+        lambda i, r: r(bearer(i.mint(tenant="acme", scope="orders:write"))),
+        Reason.INSUFFICIENT_SCOPE,
+        403,
+    ),
+    (
+        "duplicate-authorization",
+        lambda i, r: r({"authorization": "Bearer a.b.c,Bearer d.e.f"}),
+        Reason.MALFORMED_REQUEST,
+        400,
+    ),
+    (
+        "duplicate-api-key",
+        lambda i, r: r({"x-api-key": "k1,k2", **bearer(i.mint(**GOOD))}),
+        Reason.MALFORMED_REQUEST,
+        400,
+    ),
+    (
+        "crlf",
+        lambda i, r: r({"x-note": "a\r\nx-stoa-tenant-id: acme"}),
+        Reason.MALFORMED_REQUEST,
+        400,
+    ),
+    ("nul", lambda i, r: r({"x-note": "a\x00b"}), Reason.MALFORMED_REQUEST, 400),
+    (
+        "unknown-route",
+        lambda i, r: r(bearer(i.mint(**GOOD)), route_id="ghost"),
+        Reason.UNKNOWN_ROUTE,
+        403,
+    ),
+    (
+        "route-tenant-differs",
+        lambda i, r: r(bearer(i.mint(**GOOD)), tenant_id="globex"),
+        Reason.UNKNOWN_ROUTE,
+        403,
+    ),
+    (
+        "unknown-version",
+        lambda i, r: r(bearer(i.mint(**GOOD)), version="v9"),
+        Reason.POLICY_UNAVAILABLE,
+        503,
+    ),
+]
+
+
+@pytest.mark.parametrize(("build", "reason", "status"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+async def test_decision(idp, req, policy, caplog, build, reason, status):
+    decider, _ = make_decider(idp, policy)
+    with caplog.at_level(logging.INFO, logger="stoa_authz.decision"):
+        response = await decider.decide(build(idp, req))
+    events = [r.fields for r in caplog.records if r.name == "stoa_authz.decision"]
+    assert [e["reason"] for e in events] == [reason.value]
+    if status is None:
+        assert response.status.code == 0
+        assert response.HasField("ok_response")
+    else:
+        assert response.status.code != 0
+        assert response.denied_response.status.code == status
+        assert response.denied_response.body.encode() == DENY_BODIES[status]
+        assert headers_of(response)["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize(
+    ("token_kind", "challenge"),
+    [
+        (None, "Bearer"),
+        ("bad_signature", 'Bearer error="invalid_token"'),
+        ("scope", 'Bearer error="insufficient_scope"'),
+    ],
+)
+async def test_www_authenticate(idp, req, policy, token_kind, challenge):
+    decider, _ = make_decider(idp, policy)
+    headers = {}
+    if token_kind == "bad_signature":
+        headers = bearer(idp.bad_signature(**GOOD))
+    elif token_kind == "scope":
+        headers = bearer(idp.mint(tenant="acme", scope="other"))
+    response = await decider.decide(req(headers))
+    assert headers_of(response)["www-authenticate"] == challenge
+
+
+async def test_no_audience_denies_everything(idp, req, policy):
+    decider, _ = make_decider(idp, policy, audience="")
+    for request in (req(bearer(idp.mint(**GOOD))), req(route_id="open", api_id="open")):
+        response = await decider.decide(request)
+        assert response.denied_response.status.code == 503
+    assert DENY_BODIES[503] == DENY_BODIES[403]
+
+
+async def test_global_required_scopes(idp, req, policy):
+    decider, _ = make_decider(idp, policy, required={"platform"})
+    denied = await decider.decide(req(bearer(idp.mint(**GOOD))))
+    assert denied.denied_response.status.code == 403
+    allowed = await decider.decide(req(bearer(idp.mint(tenant="acme", scope="orders:read platform"))))
+    assert allowed.HasField("ok_response")
+
+
+async def test_allow_sets_identity_and_removes_forged_headers(idp, req, policy):
+    decider, envelope = make_decider(idp, policy)
+    forged = {
+        "x-stoa-tenant-id": "evil",
+        "x-user-id": "root",
+        "x-tenant-id": "evil",
+        "x-auth-role": "admin",
+        "x-forwarded-user": "root",
+        "x-stoa-debug": "1",
+    }
+    token = idp.mint(tenant="acme", scope="orders:read extra", sub="client-42")
+    response = await decider.decide(req({**bearer(token), **forged}, request_id="req-77"))
+    ok = response.ok_response
+    set_headers = headers_of(response)
+    assert set_headers["x-stoa-tenant-id"] == "acme"
+    assert set_headers["x-stoa-api-id"] == "orders"
+    assert set_headers["x-stoa-subject"] == "client-42"
+    assert all(h.append_action == h.OVERWRITE_IF_EXISTS_OR_ADD for h in ok.headers)
+    # Forged names we overwrite are not also removed (that would drop our own value).
+    assert sorted(ok.headers_to_remove) == [
+        "x-auth-role",
+        "x-forwarded-user",
+        "x-stoa-debug",
+        "x-tenant-id",
+        "x-user-id",
+    ]
+    public = import_key(json.loads(envelope.jwks)["keys"][0])
+    jws_token = jws.deserialize_compact(set_headers["x-stoa-identity"], public, algorithms=["EdDSA"])
+    assert jws_token.protected["kid"] == envelope.kid
+    claims = json.loads(jws_token.payload)
+    assert claims["tenant"] == "acme"
+    assert claims["api"] == "orders"
+    assert claims["sub"] == "client-42"
+    assert claims["scopes"] == ["extra", "orders:read"]
+    assert claims["request_id"] == "req-77"
+    assert claims["exp"] - claims["iat"] == 60
+
+
+async def test_auth_none_route_strips_but_sets_no_subject(idp, req, policy):
+    decider, _ = make_decider(idp, policy)
+    response = await decider.decide(
+        req({"x-stoa-subject": "forged", "X-User-Id": "root"}, route_id="open", api_id="open")
+    )
+    assert headers_of(response) == {"x-stoa-tenant-id": "acme", "x-stoa-api-id": "open"}
+    assert sorted(response.ok_response.headers_to_remove) == ["x-stoa-subject", "x-user-id"]
+
+
+async def test_raw_header_map_duplicates(idp, req, policy):
+    decider, _ = make_decider(idp, policy)
+    token = idp.mint(**GOOD)
+    request = req()
+    request.attributes.request.http.headers.clear()
+    for name in ("authorization", "Authorization"):
+        entry = request.attributes.request.http.header_map.headers.add()
+        entry.key, entry.raw_value = name, f"Bearer {token}".encode()
+    response = await decider.decide(request)
+    assert response.denied_response.status.code == 400
+
+
+async def test_cached_token_expires(idp, req, policy):
+    now = [1_000_000.0]
+    store = PolicyStore()
+    store.add(compile_policy_set(policy(idp)))
+    identifier = Identifier(AUD, "tenant_id", clock=lambda: now[0])
+    decider = Decider(
+        DecisionConfig(AUD, frozenset()),
+        store,
+        identifier,
+        Envelope(OKPKey.generate_key("Ed25519"), "x"),
+    )
+    token = idp.sign({**idp.claims(**GOOD), "iat": int(now[0]), "nbf": int(now[0]), "exp": int(now[0]) + 60})
+    assert (await decider.decide(req(bearer(token)))).HasField("ok_response")
+    assert len(store.get("v1").token_cache) == 1
+    now[0] += 600
+    assert (await decider.decide(req(bearer(token)))).denied_response.status.code == 401
+    assert len(store.get("v1").token_cache) == 0
+
+
+async def test_internal_error_fails_closed(idp, req, policy, caplog):
+    decider, _ = make_decider(idp, policy)
+
+    async def boom(*_args):
+        raise RuntimeError("secret-ish detail")
+
+    decider._identifier.identify = boom
+    with caplog.at_level(logging.INFO):
+        response = await decider.decide(req(bearer(idp.mint(**GOOD))))
+    assert response.denied_response.status.code == 503
+    assert [r.fields["reason"] for r in caplog.records if r.name == "stoa_authz.decision"] == [
+        "internal_error"
+    ]

@@ -1,0 +1,237 @@
+"""Development identity provider: OIDC discovery, JWKS and a client-credentials token endpoint that
+mints tokens with the tenant, scopes, subject and audience the caller asks for. For development and
+tests only (started by the harness and `make run`, never by a service).
+
+Key rotation keeps serving the previous public key, so tokens minted before a rotation stay valid
+until they expire while tokens after it carry the new `kid`. Helpers mint deliberately bad tokens.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import socket
+import threading
+import time
+from typing import Any, Literal
+from urllib.parse import parse_qs
+
+import uvicorn
+from joserfc import jwt
+from joserfc.jwk import ECKey, RSAKey
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from stoa_harness.wait import wait_until
+
+Algorithm = Literal["RS256", "ES256"]
+DEFAULT_LIFETIME_S = 300
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _new_key(alg: Algorithm) -> RSAKey | ECKey:
+    key: RSAKey | ECKey = RSAKey.generate_key(2048) if alg == "RS256" else ECKey.generate_key("P-256")
+    key.ensure_kid()
+    return key
+
+
+class DevIdentityProvider:
+    def __init__(self, alg: Algorithm = "RS256", audience: str = "stoa") -> None:
+        self.alg: Algorithm = alg
+        self.audience = audience
+        self._key = _new_key(alg)
+        self._previous: RSAKey | ECKey | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    issuer = base_url
+
+    @property
+    def jwks_uri(self) -> str:
+        return f"{self.base_url}/jwks"
+
+    @property
+    def token_url(self) -> str:
+        return f"{self.base_url}/token"
+
+    @property
+    def kid(self) -> str:
+        return str(self._key.kid)
+
+    def start(self) -> DevIdentityProvider:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self._app(), log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="dev-idp", daemon=True
+        )
+        self._thread.start()
+        server = self._server
+        wait_until(lambda: server.started, timeout=10, what="dev identity provider to start")
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+        self._server = self._thread = None
+
+    def __enter__(self) -> DevIdentityProvider:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    # ---- keys ------------------------------------------------------------------------------------
+    def rotate(self) -> str:
+        """A new signing key with a new kid; the previous public key stays published. Returns the kid."""
+        self._previous = self._key
+        self._key = _new_key(self.alg)
+        return self.kid
+
+    def jwks(self) -> dict[str, Any]:
+        keys = [self._key] + ([self._previous] if self._previous is not None else [])
+        return {"keys": [self._public(k) for k in keys]}
+
+    def _public(self, key: RSAKey | ECKey) -> dict[str, Any]:
+        data = key.as_dict(private=False)
+        data.update({"kid": key.kid, "alg": self.alg, "use": "sig"})
+        return data
+
+    # ---- tokens ----------------------------------------------------------------------------------
+    def claims(
+        self,
+        tenant: str | None = "demo",
+        scope: str | None = "",
+        sub: str = "dev-client",
+        audience: str | list[str] | None = None,
+        lifetime_s: int = DEFAULT_LIFETIME_S,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        now = int(time.time())
+        claims: dict[str, Any] = {
+            "iss": self.base_url,
+            "sub": sub,
+            "aud": audience if audience is not None else self.audience,
+            "iat": now,
+            "nbf": now,
+            "exp": now + lifetime_s,
+            "jti": _b64(hashlib.sha256(f"{now}{time.perf_counter_ns()}".encode()).digest()[:12]),
+        }
+        if tenant is not None:
+            claims["tenant_id"] = tenant
+        if scope:
+            claims["scope"] = scope
+        claims.update(extra)
+        return {k: v for k, v in claims.items() if v is not None}
+
+    def sign(self, claims: dict[str, Any], header: dict[str, Any] | None = None) -> str:
+        return jwt.encode(
+            {"alg": self.alg, "kid": self._key.kid, "typ": "JWT", **(header or {})}, claims, self._key
+        )
+
+    def mint(self, **kwargs: Any) -> str:
+        return self.sign(self.claims(**kwargs))
+
+    # Deliberately bad tokens, for tests.
+    def expired(self, **kwargs: Any) -> str:
+        claims = self.claims(**kwargs)
+        claims.update(iat=claims["iat"] - 3600, nbf=claims["nbf"] - 3600, exp=claims["iat"] - 600)
+        return self.sign(claims)
+
+    def not_yet_valid(self, **kwargs: Any) -> str:
+        claims = self.claims(**kwargs)
+        claims.update(nbf=claims["nbf"] + 600, exp=claims["exp"] + 600)
+        return self.sign(claims)
+
+    def wrong_audience(self, **kwargs: Any) -> str:
+        return self.mint(audience="someone-else", **kwargs)
+
+    def other_issuer(self, **kwargs: Any) -> str:
+        """Signed by a key nobody trusts, naming an issuer nobody trusts."""
+        stranger = _new_key(self.alg)
+        claims = self.claims(**kwargs)
+        claims["iss"] = "https://stranger.invalid"
+        return jwt.encode({"alg": self.alg, "kid": stranger.kid}, claims, stranger)
+
+    def alg_none(self, **kwargs: Any) -> str:
+        header = {"alg": "none", "kid": self.kid, "typ": "JWT"}
+        return f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(self.claims(**kwargs)).encode())}."
+
+    def hs256_with_public_key(self, **kwargs: Any) -> str:
+        """The classic confusion attack: HMAC keyed with the published public key (PEM)."""
+        header = {"alg": "HS256", "kid": self.kid, "typ": "JWT"}
+        signing_input = (
+            f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(self.claims(**kwargs)).encode())}"
+        )
+        secret = self._key.as_pem(private=False)
+        signature = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
+        return f"{signing_input}.{_b64(signature)}"
+
+    def bad_signature(self, **kwargs: Any) -> str:
+        head, payload, signature = self.mint(**kwargs).split(".")
+        raw = bytearray(base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4)))
+        raw[len(raw) // 2] ^= 0xFF
+        return f"{head}.{payload}.{_b64(bytes(raw))}"
+
+    # ---- HTTP ------------------------------------------------------------------------------------
+    def _app(self) -> Starlette:
+        async def discovery(_request: Request) -> Response:
+            return JSONResponse(
+                {
+                    "issuer": self.base_url,
+                    "jwks_uri": self.jwks_uri,
+                    "token_endpoint": self.token_url,
+                    "grant_types_supported": ["client_credentials"],
+                    "id_token_signing_alg_values_supported": [self.alg],
+                    "token_endpoint_auth_methods_supported": ["none"],
+                }
+            )
+
+        async def jwks(_request: Request) -> Response:
+            return JSONResponse(self.jwks())
+
+        async def token(request: Request) -> Response:
+            form = {k: v[-1] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()}
+            if form.get("grant_type") != "client_credentials":
+                return JSONResponse({"error": "unsupported_grant_type"}, status_code=400)
+            scope = form.get("scope", "")
+            access_token = self.mint(
+                tenant=form.get("tenant", "demo"),
+                scope=scope,
+                sub=form.get("sub", "dev-client"),
+                audience=form.get("audience") or None,
+            )
+            return JSONResponse(
+                {
+                    "access_token": access_token,
+                    "token_type": "Bearer",
+                    "expires_in": DEFAULT_LIFETIME_S,
+                    "scope": scope,
+                },
+                headers={"cache-control": "no-store"},
+            )
+
+        return Starlette(
+            routes=[
+                Route("/.well-known/openid-configuration", discovery),
+                Route("/jwks", jwks),
+                Route("/token", token, methods=["POST"]),
+            ]
+        )
