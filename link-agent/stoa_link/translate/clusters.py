@@ -1,0 +1,111 @@
+"""Clusters: one per backend identity (scheme, host, port), plus the authorization service's.
+
+A cluster is named by its identity, never by a route's position, so editing one route never renames
+(and so never drains) another route's cluster.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2, protocol_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+from envoy.type.matcher.v3 import string_pb2
+from google.protobuf import duration_pb2
+
+from stoa_link.translate.filters import packed
+from stoa_link.translate.ir import Backend, SiteIR
+from stoa_link.translate.options import TranslateOptions
+
+EXT_AUTHZ_CLUSTER = "stoa-ext-authz"
+SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+CONNECT_TIMEOUT = duration_pb2.Duration(seconds=5)
+_HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def render_clusters(site: SiteIR, options: TranslateOptions) -> list[cluster_pb2.Cluster]:
+    backends = {route.backend.cluster_name: route.backend for route in site.routes}
+    clusters = [_backend(backends[name]) for name in sorted(backends)]
+    clusters.append(_ext_authz(options))
+    return clusters
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _cluster(name: str, host: str, port: int, is_ip: bool) -> cluster_pb2.Cluster:
+    return cluster_pb2.Cluster(
+        name=name,
+        type=cluster_pb2.Cluster.STATIC if is_ip else cluster_pb2.Cluster.STRICT_DNS,
+        connect_timeout=CONNECT_TIMEOUT,
+        load_assignment=endpoint_pb2.ClusterLoadAssignment(
+            cluster_name=name,
+            endpoints=[
+                endpoint_components_pb2.LocalityLbEndpoints(
+                    lb_endpoints=[
+                        endpoint_components_pb2.LbEndpoint(
+                            endpoint=endpoint_components_pb2.Endpoint(
+                                address=address_pb2.Address(
+                                    socket_address=address_pb2.SocketAddress(address=host, port_value=port)
+                                )
+                            )
+                        )
+                    ]
+                )
+            ],
+        ),
+    )
+
+
+def _backend(backend: Backend) -> cluster_pb2.Cluster:
+    cluster = _cluster(backend.cluster_name, backend.host, backend.port, backend.is_ip)
+    if backend.scheme == "https":
+        cluster.transport_socket.name = "envoy.transport_sockets.tls"
+        cluster.transport_socket.typed_config.CopyFrom(packed(_upstream_tls(backend)))
+    return cluster
+
+
+def _upstream_tls(backend: Backend) -> tls_pb2.UpstreamTlsContext:
+    # The upstream's certificate must chain to the system CAs and name the host we dialled.
+    san_type = (
+        common_pb2.SubjectAltNameMatcher.IP_ADDRESS if backend.is_ip else common_pb2.SubjectAltNameMatcher.DNS
+    )
+    context = tls_pb2.UpstreamTlsContext(
+        common_tls_context=tls_pb2.CommonTlsContext(
+            validation_context=common_pb2.CertificateValidationContext(
+                trusted_ca=base_pb2.DataSource(filename=SYSTEM_CA_BUNDLE),
+                match_typed_subject_alt_names=[
+                    common_pb2.SubjectAltNameMatcher(
+                        san_type=san_type, matcher=string_pb2.StringMatcher(exact=backend.host)
+                    )
+                ],
+            )
+        )
+    )
+    if not backend.is_ip:  # SNI carries host names only (RFC 6066)
+        context.sni = backend.host
+    return context
+
+
+def _ext_authz(options: TranslateOptions) -> cluster_pb2.Cluster:
+    host, port = options.ext_authz_endpoint()
+    cluster = _cluster(EXT_AUTHZ_CLUSTER, host, port, _is_ip(host))
+    # gRPC needs HTTP/2 end to end.
+    cluster.typed_extension_protocol_options[_HTTP_PROTOCOL_OPTIONS].CopyFrom(
+        packed(
+            http_protocol_options_pb2.HttpProtocolOptions(
+                explicit_http_config=http_protocol_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(
+                    http2_protocol_options=protocol_pb2.Http2ProtocolOptions()
+                )
+            )
+        )
+    )
+    return cluster

@@ -1,0 +1,182 @@
+"""The listener `stoa-listener`: one HTTP connection manager, hardened, routes over ADS (RDS).
+
+Filter chain: cors, rbac, ext_authz, local_ratelimit, router (cors, rbac and local_ratelimit only
+when some route needs them). CORS first so a genuine preflight is answered by Envoy itself; rbac
+before ext_authz so an address-denied request costs no authorization call; the token bucket after
+ext_authz so only authorized requests spend it.
+"""
+
+from __future__ import annotations
+
+from envoy.config.accesslog.v3 import accesslog_pb2
+from envoy.config.core.v3 import (
+    address_pb2,
+    base_pb2,
+    config_source_pb2,
+    grpc_service_pb2,
+    protocol_pb2,
+    substitution_format_string_pb2,
+)
+from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.extensions.filters.http.cors.v3 import cors_pb2
+from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
+from envoy.extensions.filters.http.local_ratelimit.v3 import local_rate_limit_pb2
+from envoy.extensions.filters.http.rbac.v3 import rbac_pb2
+from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import duration_pb2, message, wrappers_pb2
+from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES
+
+from stoa_link.translate.clusters import EXT_AUTHZ_CLUSTER
+from stoa_link.translate.filters import (
+    CORS_FILTER,
+    EXT_AUTHZ_FILTER,
+    RATE_LIMIT_FILTER,
+    RBAC_FILTER,
+    ROUTER_FILTER,
+    packed,
+)
+from stoa_link.translate.ir import CORS, IP_FILTER, RATE_LIMIT, SiteIR
+from stoa_link.translate.options import TranslateOptions
+from stoa_link.translate.routes import ROUTE_CONFIG_NAME
+
+LISTENER_NAME = "stoa-listener"
+# Bounded hint given with the 503 when the authorization service is down or too slow.
+AUTHZ_UNAVAILABLE_RETRY_AFTER_S = 2
+
+
+def render_listener(site: SiteIR, options: TranslateOptions) -> listener_pb2.Listener:
+    manager = hcm.HttpConnectionManager(
+        stat_prefix="stoa",
+        codec_type=hcm.HttpConnectionManager.AUTO,
+        rds=hcm.Rds(
+            route_config_name=ROUTE_CONFIG_NAME,
+            config_source=config_source_pb2.ConfigSource(
+                ads=config_source_pb2.AggregatedConfigSource(),
+                resource_api_version=config_source_pb2.V3,
+            ),
+        ),
+        http_filters=[
+            hcm.HttpFilter(name=name, typed_config=packed(config)) for name, config in _chain(site, options)
+        ],
+        # Hardening: one canonical path for routing, authorization and the upstream.
+        normalize_path=wrappers_pb2.BoolValue(value=True),
+        merge_slashes=True,
+        path_with_escaped_slashes_action=hcm.HttpConnectionManager.REJECT_REQUEST,
+        common_http_protocol_options=protocol_pb2.HttpProtocolOptions(
+            headers_with_underscores_action=protocol_pb2.HttpProtocolOptions.REJECT_REQUEST
+        ),
+        strip_trailing_host_dot=True,
+        # The client address is the connection's peer unless hops are explicitly trusted.
+        use_remote_address=wrappers_pb2.BoolValue(value=True),
+        xff_num_trusted_hops=options.xff_num_trusted_hops,
+        # No address is internal: every request is external, so Envoy strips the client's
+        # x-envoy-* control headers (retry, timeout, ...) and never marks it x-envoy-internal.
+        internal_address_config=hcm.HttpConnectionManager.InternalAddressConfig(unix_sockets=False),
+        local_reply_config=_local_replies(),
+    )
+    return listener_pb2.Listener(
+        name=LISTENER_NAME,
+        address=address_pb2.Address(
+            socket_address=address_pb2.SocketAddress(
+                address=options.listener_address, port_value=options.listener_port
+            )
+        ),
+        filter_chains=[
+            listener_components_pb2.FilterChain(
+                filters=[
+                    listener_components_pb2.Filter(
+                        name="envoy.filters.network.http_connection_manager", typed_config=packed(manager)
+                    )
+                ]
+            )
+        ],
+    )
+
+
+def _chain(site: SiteIR, options: TranslateOptions) -> list[tuple[str, message.Message]]:
+    # Listener-level rbac (no rules) and local_ratelimit (0 % enabled) are inert: only a route's
+    # typed_per_filter_config switches them on.
+    chain: list[tuple[str, message.Message]] = []
+    if site.needs(CORS):
+        chain.append((CORS_FILTER, cors_pb2.Cors()))
+    if site.needs(IP_FILTER):
+        chain.append((RBAC_FILTER, rbac_pb2.RBAC()))
+    chain.append((EXT_AUTHZ_FILTER, _ext_authz(options)))
+    if site.needs(RATE_LIMIT):
+        chain.append((RATE_LIMIT_FILTER, local_rate_limit_pb2.LocalRateLimit(stat_prefix="stoa_rate_limit")))
+    # No x-envoy-* headers added by Envoy (x-envoy-original-path included); no retry policy anywhere.
+    chain.append((ROUTER_FILTER, router_pb2.Router(suppress_envoy_headers=True)))
+    return chain
+
+
+def _ext_authz(options: TranslateOptions) -> ext_authz_pb2.ExtAuthz:
+    timeout = duration_pb2.Duration()
+    timeout.FromMilliseconds(options.ext_authz_timeout_ms)
+    return ext_authz_pb2.ExtAuthz(
+        grpc_service=grpc_service_pb2.GrpcService(
+            envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=EXT_AUTHZ_CLUSTER),
+            timeout=timeout,
+        ),
+        transport_api_version=config_source_pb2.V3,
+        failure_mode_allow=False,
+        status_on_error=http_status_pb2.HttpStatus(code=http_status_pb2.ServiceUnavailable),
+        include_peer_certificate=False,
+    )
+
+
+def _status_and_flag(status: int, flag: str) -> accesslog_pb2.AccessLogFilter:
+    return accesslog_pb2.AccessLogFilter(
+        and_filter=accesslog_pb2.AndFilter(
+            filters=[
+                accesslog_pb2.AccessLogFilter(
+                    status_code_filter=accesslog_pb2.StatusCodeFilter(
+                        comparison=accesslog_pb2.ComparisonFilter(
+                            op=accesslog_pb2.ComparisonFilter.EQ,
+                            value=base_pb2.RuntimeUInt32(
+                                default_value=status, runtime_key=f"stoa.status_{status}"
+                            ),
+                        )
+                    )
+                ),
+                accesslog_pb2.AccessLogFilter(
+                    response_flag_filter=accesslog_pb2.ResponseFlagFilter(flags=[flag])
+                ),
+            ]
+        )
+    )
+
+
+def _json_body(status: int) -> dict[str, object]:
+    return {
+        "body": base_pb2.DataSource(inline_string=DENY_BODIES[status].decode()),
+        # Exactly the body bytes, served as JSON (the default local reply is text/plain).
+        "body_format_override": substitution_format_string_pb2.SubstitutionFormatString(
+            text_format_source=base_pb2.DataSource(inline_string="%LOCAL_REPLY_BODY%"),
+            content_type=CONTENT_TYPE,
+        ),
+    }
+
+
+def _local_replies() -> hcm.LocalReplyConfig:
+    """ext_authz failing (unreachable, timeout, error) is a local 503 flagged UAEX: answer it with the
+    neutral body of a 403 (stoa_proto.bodies, shared with the authorization service) and a bounded
+    Retry-After. A 503 the service itself returns carries the same neutral body.
+    """
+    return hcm.LocalReplyConfig(
+        mappers=[
+            hcm.ResponseMapper(
+                filter=_status_and_flag(503, "UAEX"),
+                headers_to_add=[
+                    base_pb2.HeaderValueOption(
+                        header=base_pb2.HeaderValue(
+                            key="retry-after", value=str(AUTHZ_UNAVAILABLE_RETRY_AFTER_S)
+                        ),
+                        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+                    )
+                ],
+                **_json_body(503),  # type: ignore[arg-type]
+            ),
+        ]
+    )

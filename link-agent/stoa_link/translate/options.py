@@ -1,0 +1,40 @@
+"""The Link's settings the translator needs (re-exported by `stoa_link.translate`)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TranslateOptions:
+    listener_address: str = "127.0.0.1"
+    listener_port: int = 10000
+    # host:port of the authorization service's gRPC endpoint.
+    ext_authz_address: str = "127.0.0.1:9191"
+    ext_authz_timeout_ms: int = 250
+    default_route_timeout_ms: int = 15000
+    xff_num_trusted_hops: int = 0
+
+    def __post_init__(self) -> None:
+        try:
+            ipaddress.ip_address(self.listener_address)
+        except ValueError:
+            raise ValueError(f"listener_address {self.listener_address!r} is not an IP address") from None
+        if not 0 < self.listener_port < 65536:
+            raise ValueError(f"listener_port {self.listener_port} is not a TCP port")
+        self.ext_authz_endpoint()
+        if not 0 < self.ext_authz_timeout_ms <= 60_000:
+            raise ValueError(f"ext_authz_timeout_ms {self.ext_authz_timeout_ms} is not in 1..60000")
+        if self.default_route_timeout_ms <= 0:
+            raise ValueError(f"default_route_timeout_ms {self.default_route_timeout_ms} must be positive")
+        if self.xff_num_trusted_hops < 0:
+            raise ValueError(f"xff_num_trusted_hops {self.xff_num_trusted_hops} must not be negative")
+
+    def ext_authz_endpoint(self) -> tuple[str, int]:
+        """(host, port) of ext_authz_address; an IPv6 host may be bracketed."""
+        host, sep, port = self.ext_authz_address.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"ext_authz_address {self.ext_authz_address!r} is not host:port")
+        return host, int(port)

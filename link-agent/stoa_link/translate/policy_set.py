@@ -1,0 +1,43 @@
+"""The AuthzPolicySet `default`: what the authorization service needs to decide for each route.
+
+Its `version` hashes the routes and issuers only, never the generation or the gateway id: a
+generation that changes nothing the service decides on keeps the same version, so the Envoy routes
+(which carry it as the context extension `policy_set_version`) stay byte-identical too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from stoa_proto import authz_pb2
+
+from stoa_link.translate.ir import SiteIR
+
+POLICY_SET_NAME = "default"
+
+
+def render_policy_set(site: SiteIR) -> authz_pb2.AuthzPolicySet:
+    content = authz_pb2.AuthzPolicySet(
+        routes=[
+            authz_pb2.AuthzRoute(
+                route_id=r.route_id,
+                tenant_id=r.tenant_id,
+                api_id=r.api_id,
+                auth_mode=r.auth_mode,
+                scopes=r.scopes,
+            )
+            for r in site.routes
+        ],
+        issuers=[
+            authz_pb2.AuthzIssuer(
+                tenant_id=i.tenant_id, issuer=i.issuer, jwks_json=i.jwks_json, jwks_uri=i.jwks_uri
+            )
+            for i in site.issuers
+        ],
+    )
+    version = hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()[:16]
+    content.name = POLICY_SET_NAME
+    content.version = version
+    content.gateway_id = site.gateway_id
+    content.generation = site.generation
+    return content

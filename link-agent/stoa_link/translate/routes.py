@@ -1,0 +1,103 @@
+"""The route configuration `stoa-routes`: one virtual host, one entry per route and allowed method.
+
+Matching: `path_separated_prefix`, so `/apis/a` matches `/apis/a` and `/apis/a/...` but never
+`/apis/ab`. Entries are ordered longest prefix first (then route id, then method), so a nested
+prefix wins over its parent whatever the route ids are.
+
+Rewrite: the matched path_prefix is replaced by the upstream URL's base path —
+`/apis/x/foo` → `/base/foo` and `/apis/x` → `/base` for `http://h/base`; `/apis/x/foo` → `/foo` and
+`/apis/x` → `/` for an upstream without a path. The query string is kept.
+"""
+
+from __future__ import annotations
+
+import re
+
+from envoy.config.route.v3 import route_components_pb2, route_pb2
+from envoy.type.matcher.v3 import regex_pb2, string_pb2
+from google.protobuf import duration_pb2
+
+from stoa_link.translate.filters import per_route_configs
+from stoa_link.translate.ir import RouteIR, SiteIR
+from stoa_link.translate.options import TranslateOptions
+
+ROUTE_CONFIG_NAME = "stoa-routes"
+VIRTUAL_HOST_NAME = "stoa"
+# Clients must not be able to pass an "original path" of their choosing to an upstream.
+CLIENT_HEADERS_REMOVED = ("x-envoy-original-path",)
+
+
+def render_routes(
+    site: SiteIR, options: TranslateOptions, policy_set_version: str
+) -> route_pb2.RouteConfiguration:
+    entries: list[route_components_pb2.Route] = []
+    for route in sorted(site.routes, key=lambda r: (-len(r.path_prefix), r.route_id)):
+        entries.extend(_entries(route, options, policy_set_version))
+    return route_pb2.RouteConfiguration(
+        name=ROUTE_CONFIG_NAME,
+        virtual_hosts=[
+            route_components_pb2.VirtualHost(name=VIRTUAL_HOST_NAME, domains=["*"], routes=entries)
+        ],
+        request_headers_to_remove=list(CLIENT_HEADERS_REMOVED),
+    )
+
+
+def _methods(route: RouteIR) -> tuple[str, ...]:
+    """The methods to match; () = any. A cors policy adds OPTIONS for the preflight."""
+    if route.methods and route.cors is not None and "OPTIONS" not in route.methods:
+        return (*route.methods, "OPTIONS")
+    return route.methods
+
+
+def _entries(
+    route: RouteIR, options: TranslateOptions, policy_set_version: str
+) -> list[route_components_pb2.Route]:
+    action = route_components_pb2.RouteAction(
+        cluster=route.backend.cluster_name,
+        timeout=_millis(route.timeout_ms or options.default_route_timeout_ms),
+        host_rewrite_literal=route.backend.authority,
+    )
+    _rewrite(route, action)
+    configs = per_route_configs(route, policy_set_version)
+    entries = []
+    for method in _methods(route) or (None,):
+        match = route_components_pb2.RouteMatch()
+        if route.path_prefix == "/":
+            match.prefix = "/"
+        else:
+            match.path_separated_prefix = route.path_prefix
+        if method is not None:
+            match.headers.append(
+                route_components_pb2.HeaderMatcher(
+                    name=":method", string_match=string_pb2.StringMatcher(exact=method)
+                )
+            )
+        entry = route_components_pb2.Route(
+            name=f"{route.route_id}:{method or 'ANY'}", match=match, route=action
+        )
+        for name, config in configs.items():
+            entry.typed_per_filter_config[name].CopyFrom(config)
+        entries.append(entry)
+    return entries
+
+
+def _millis(ms: int) -> duration_pb2.Duration:
+    duration = duration_pb2.Duration()
+    duration.FromMilliseconds(ms)
+    return duration
+
+
+def _rewrite(route: RouteIR, action: route_components_pb2.RouteAction) -> None:
+    if route.path_prefix == "/":
+        if route.base_path != "/":
+            action.prefix_rewrite = route.base_path + "/"
+        return
+    if route.base_path != "/":
+        action.prefix_rewrite = route.base_path
+        return
+    # A plain prefix_rewrite to "/" would turn /apis/x/foo into //foo; drop the prefix and one slash.
+    action.regex_rewrite.CopyFrom(
+        regex_pb2.RegexMatchAndSubstitute(
+            pattern=regex_pb2.RegexMatcher(regex=f"^{re.escape(route.path_prefix)}/?"), substitution="/"
+        )
+    )

@@ -1,0 +1,53 @@
+"""A snapshot's Envoy resources as one static bootstrap (routes inlined instead of RDS over ADS).
+
+For `envoy --mode validate` (which cannot follow `ads {}` references) and for running a rendered
+configuration without an ADS server. Several snapshots can share one bootstrap: each gets its own
+listener (renamed, on its own port); clusters of one name must be identical, which naming by backend
+identity guarantees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from google.protobuf import json_format
+
+from stoa_link.snapshot import CLUSTER, LISTENER, ROUTE, Snapshot
+
+
+def _doc(resource: Any) -> dict[str, Any]:
+    return json_format.MessageToDict(resource, preserving_proto_field_name=True)
+
+
+def static_bootstrap(
+    snapshots: Mapping[str, tuple[Snapshot, int]], admin_port: int | None = None
+) -> dict[str, Any]:
+    """`snapshots`: label → (snapshot, listener port). The listener of each is named `<name>-<label>`."""
+    clusters: dict[str, dict[str, Any]] = {}
+    listeners = []
+    for label, (snapshot, port) in sorted(snapshots.items()):
+        for cluster in snapshot.of(CLUSTER):
+            doc = _doc(cluster)
+            if clusters.setdefault(cluster.name, doc) != doc:
+                raise ValueError(f"{label}: cluster {cluster.name} differs from another snapshot's")
+        (routes,) = snapshot.of(ROUTE)
+        (listener,) = snapshot.of(LISTENER)
+        doc = _doc(listener)
+        doc["name"] = f"{listener.name}-{label}"
+        doc["address"]["socket_address"]["port_value"] = port
+        for chain in doc["filter_chains"]:
+            for network_filter in chain["filters"]:
+                manager = network_filter["typed_config"]
+                if manager.pop("rds", None) is not None:
+                    manager["route_config"] = _doc(routes)
+        listeners.append(doc)
+    bootstrap: dict[str, Any] = {
+        "node": {"id": "stoa-static", "cluster": "stoa-static"},
+        "static_resources": {"clusters": list(clusters.values()), "listeners": listeners},
+    }
+    if admin_port is not None:
+        bootstrap["admin"] = {
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
+        }
+    return bootstrap

@@ -1,0 +1,361 @@
+"""Translator properties the golden files cannot show on their own: stability, determinism, order."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from google.protobuf import json_format
+from stoa_link.guard import FailureReason, Refusal
+from stoa_link.snapshot import AUTHZ_POLICY_SET, CLUSTER, ENVOY_TYPES, LISTENER, ROUTE, Snapshot
+from stoa_link.translate import TranslateOptions, translate
+from stoa_link.translate.filters import origin_matcher
+from stoa_proto import inventory_pb2
+from stoa_proto.bodies import DENY_BODIES
+
+OPTIONS = TranslateOptions()
+
+
+def route(rid: str, upstream: str = "http://127.0.0.1:8080", **fields: object) -> dict[str, object]:
+    doc: dict[str, object] = {
+        "route_id": rid,
+        "tenant_id": "acme",
+        "api_id": rid,
+        "path_prefix": f"/apis/{rid}",
+        "methods": ["GET"],
+        "upstream_url": upstream,
+    }
+    doc.update(fields)
+    return doc
+
+
+def inventory(
+    routes: list[dict[str, object]], generation: int = 1, **extra: object
+) -> inventory_pb2.Inventory:
+    doc = {"gateway_id": "gw-1", "generation": str(generation), "routes": routes, **extra}
+    return json_format.ParseDict(doc, inventory_pb2.Inventory())
+
+
+def policy(pid: str, kind: str, config: dict[str, object], applicable: list[str]) -> dict[str, object]:
+    return {"policy_id": pid, "type": kind, "config": config, "scope": "api", "applicable": applicable}
+
+
+def entries(snapshot: Snapshot) -> list:
+    (routes,) = snapshot.of(ROUTE)
+    (vhost,) = routes.virtual_hosts
+    return list(vhost.routes)
+
+
+def cluster_of(snapshot: Snapshot) -> dict[str, str]:
+    """Route id → the cluster its entries use (all entries of one route use the same one)."""
+    found: dict[str, set[str]] = {}
+    for entry in entries(snapshot):
+        found.setdefault(entry.name.split(":")[0], set()).add(entry.route.cluster)
+    assert all(len(c) == 1 for c in found.values())
+    return {rid: next(iter(c)) for rid, c in found.items()}
+
+
+def envoy_bytes(snapshot: Snapshot) -> dict[str, list[bytes]]:
+    return {t: [r.SerializeToString(deterministic=True) for r in snapshot.of(t)] for t in ENVOY_TYPES}
+
+
+def http_manager(snapshot: Snapshot) -> hcm_pb2.HttpConnectionManager:
+    (listener,) = snapshot.of(LISTENER)
+    manager = hcm_pb2.HttpConnectionManager()
+    listener.filter_chains[0].filters[0].typed_config.Unpack(manager)
+    return manager
+
+
+BACKENDS = [f"http://10.0.0.{i}:80{i}" for i in range(1, 6)]
+BASE = [route(f"r{i}", BACKENDS[i]) for i in range(5)]
+
+EDITS = {
+    "switch backend": {"upstream_url": "https://new.example.com"},
+    "share another route's backend": {"upstream_url": BACKENDS[0]},
+    "change methods": {"methods": ["GET", "POST", "DELETE"]},
+    "change prefix": {"path_prefix": "/v2/r2"},
+    "change timeout": {"timeout_ms": 100},
+}
+
+
+@pytest.mark.parametrize("edit", EDITS.values(), ids=list(EDITS))
+def test_editing_one_route_never_renames_another_routes_cluster(edit: dict[str, object]) -> None:
+    before = cluster_of(translate(inventory(BASE), OPTIONS))
+    edited = [dict(r, **edit) if r["route_id"] == "r2" else r for r in BASE]
+    after = cluster_of(translate(inventory(edited, generation=2), OPTIONS))
+    for rid in ("r0", "r1", "r3", "r4"):
+        assert after[rid] == before[rid]
+        assert after[rid].startswith("backend_http_10.0.0.")
+
+
+def test_adding_or_removing_a_route_never_renames_another_routes_cluster() -> None:
+    before = cluster_of(translate(inventory(BASE), OPTIONS))
+    grown = cluster_of(translate(inventory([route("new", "http://10.9.9.9:1"), *BASE], 2), OPTIONS))
+    shrunk = cluster_of(translate(inventory(BASE[1:], 3), OPTIONS))
+    assert {k: grown[k] for k in before} == before
+    assert {k: shrunk[k] for k in shrunk} == {k: before[k] for k in shrunk}
+
+
+def test_cluster_named_by_backend_identity_and_shared() -> None:
+    snapshot = translate(
+        inventory([route("a", "https://API.example.com/x"), route("b", "https://api.example.com:443/y")]),
+        OPTIONS,
+    )
+    assert snapshot.names(CLUSTER) == ["backend_https_api.example.com_443", "stoa-ext-authz"]
+    assert set(cluster_of(snapshot).values()) == {"backend_https_api.example.com_443"}
+
+
+def test_same_inventory_same_version_whatever_the_input_order() -> None:
+    policies = [
+        policy("c", "cors", {"allowedOrigins": ["https://a.example"]}, ["r1", "r0"]),
+        policy("r", "rate_limit", {"maxRequests": 3, "intervalSeconds": 1}, ["r3"]),
+    ]
+    one = translate(inventory(BASE, policies=policies), OPTIONS)
+    again = translate(inventory(BASE, policies=policies), OPTIONS)
+    shuffled = translate(inventory(BASE[::-1], policies=policies[::-1]), OPTIONS)
+    assert one.version == again.version == shuffled.version
+    assert one.resources == shuffled.resources
+
+
+def test_generation_only_change_keeps_envoy_resources_and_policy_set_version() -> None:
+    first = translate(inventory(BASE, generation=1), OPTIONS)
+    later = translate(inventory(BASE, generation=9), OPTIONS)
+    assert envoy_bytes(first) == envoy_bytes(later)
+    (set_1,), (set_9,) = first.of(AUTHZ_POLICY_SET), later.of(AUTHZ_POLICY_SET)
+    assert set_1.version == set_9.version
+    assert (set_1.generation, set_9.generation) == (1, 9)
+    assert later.generation == 9
+
+
+def test_content_change_changes_versions() -> None:
+    first = translate(inventory(BASE), OPTIONS)
+    scoped = translate(inventory([dict(BASE[0], scopes=["admin"]), *BASE[1:]], 2), OPTIONS)
+    assert first.version != scoped.version
+    assert first.of(AUTHZ_POLICY_SET)[0].version != scoped.of(AUTHZ_POLICY_SET)[0].version
+
+
+def test_every_route_carries_its_context_extensions_and_the_policy_set_version() -> None:
+    snapshot = translate(inventory([route("a", tenant_id="t1", api_id="api-a"), route("b")]), OPTIONS)
+    (policy_set,) = snapshot.of(AUTHZ_POLICY_SET)
+    for entry in entries(snapshot):
+        per_route = ext_authz_pb2.ExtAuthzPerRoute()
+        entry.typed_per_filter_config["envoy.filters.http.ext_authz"].Unpack(per_route)
+        ext = dict(per_route.check_settings.context_extensions)
+        assert ext["policy_set_version"] == policy_set.version
+        assert ext["route_id"] == entry.name.split(":")[0]
+    assert {(r.route_id, r.tenant_id, r.api_id, r.auth_mode) for r in policy_set.routes} == {
+        ("a", "t1", "api-a", "jwt"),
+        ("b", "acme", "b", "jwt"),
+    }
+
+
+def test_policy_set_carries_issuers_of_present_tenants_only() -> None:
+    issuers = [
+        {"tenant_id": "acme", "issuer": "https://idp.acme", "jwks_json": "{}"},
+        {"tenant_id": "other", "issuer": "https://idp.other", "jwks_json": "{}"},
+    ]
+    (policy_set,) = translate(inventory(BASE, issuers=issuers), OPTIONS).of(AUTHZ_POLICY_SET)
+    assert [i.issuer for i in policy_set.issuers] == ["https://idp.acme"]
+    assert (policy_set.name, policy_set.gateway_id) == ("default", "gw-1")
+
+
+def test_prefix_boundary_and_longest_prefix_first() -> None:
+    snapshot = translate(
+        inventory([route("a", path_prefix="/apis/a"), route("z", path_prefix="/apis/a/b"), route("ab")]),
+        OPTIONS,
+    )
+    matches = [(e.name, e.match.path_separated_prefix) for e in entries(snapshot)]
+    # path_separated_prefix: /apis/a matches /apis/a and /apis/a/..., never /apis/ab.
+    assert matches == [("z:GET", "/apis/a/b"), ("ab:GET", "/apis/ab"), ("a:GET", "/apis/a")]
+
+
+def rewritten(entry: object, path: str) -> str:
+    """What Envoy's prefix_rewrite / regex_rewrite does to a matched path (RE2 ⊂ re for these)."""
+    action = entry.route
+    if action.HasField("regex_rewrite"):
+        rx = action.regex_rewrite
+        return re.sub(rx.pattern.regex, rx.substitution, path, count=1)
+    prefix = entry.match.path_separated_prefix or entry.match.prefix
+    return action.prefix_rewrite + path[len(prefix) :] if action.prefix_rewrite else path
+
+
+REWRITES = [
+    ("http://h:1/base", "/apis/x", "/apis/x/foo?q=1", "/base/foo?q=1"),
+    ("http://h:1/base", "/apis/x", "/apis/x", "/base"),
+    ("http://h:1/base/", "/apis/x", "/apis/x/", "/base/"),
+    ("http://h:1", "/apis/x", "/apis/x/foo", "/foo"),
+    ("http://h:1", "/apis/x", "/apis/x", "/"),
+    ("http://h:1/", "/apis/x-y", "/apis/x-y/a/b", "/a/b"),
+    ("http://h:1", "/", "/anything", "/anything"),
+    ("http://h:1/site", "/", "/anything", "/site/anything"),
+]
+
+
+@pytest.mark.parametrize(("upstream", "prefix", "path", "expected"), REWRITES)
+def test_rewrite_replaces_the_prefix_by_the_upstream_base_path(
+    upstream: str, prefix: str, path: str, expected: str
+) -> None:
+    (entry,) = entries(translate(inventory([route("x", upstream, path_prefix=prefix)]), OPTIONS))
+    assert (
+        rewritten(entry, path.split("?")[0]) + ("?" + path.split("?")[1] if "?" in path else "") == expected
+    )
+
+
+def test_one_entry_per_method_and_options_only_with_cors() -> None:
+    cors = policy("c", "cors", {"allowedOrigins": ["*"]}, ["with"])
+    snapshot = translate(
+        inventory(
+            [
+                route("with", methods=["POST", "GET"]),
+                route("without", methods=["GET", "POST"]),
+                route("any", methods=[]),
+            ],
+            policies=[cors],
+        ),
+        OPTIONS,
+    )
+    names = [e.name for e in entries(snapshot)]
+    assert sorted(names) == sorted(
+        ["with:GET", "with:POST", "with:OPTIONS", "without:GET", "without:POST", "any:ANY"]
+    )
+    any_entry = next(e for e in entries(snapshot) if e.name == "any:ANY")
+    assert not any_entry.match.headers
+
+
+def test_filter_chain_order_and_only_what_routes_need() -> None:
+    minimal = translate(inventory(BASE), OPTIONS)
+    assert [f.name for f in http_manager(minimal).http_filters] == [
+        "envoy.filters.http.ext_authz",
+        "envoy.filters.http.router",
+    ]
+    policies = [
+        policy("r", "rate_limit", {"maxRequests": 3, "intervalSeconds": 1}, ["r0"]),
+        policy("i", "ip_filter", {"mode": "deny", "ip_list": ["10.0.0.1"]}, ["r1"]),
+        policy("c", "cors", {"allowedOrigins": ["https://a.example"]}, ["r2"]),
+    ]
+    full = translate(inventory(BASE, policies=policies), OPTIONS)
+    assert [f.name for f in http_manager(full).http_filters] == [
+        "envoy.filters.http.cors",
+        "envoy.filters.http.rbac",
+        "envoy.filters.http.ext_authz",
+        "envoy.filters.http.local_ratelimit",
+        "envoy.filters.http.router",
+    ]
+
+
+def test_ext_authz_fails_closed_with_the_neutral_body() -> None:
+    manager = http_manager(translate(inventory(BASE), OPTIONS))
+    ext_authz = ext_authz_pb2.ExtAuthz()
+    manager.http_filters[0].typed_config.Unpack(ext_authz)
+    assert ext_authz.failure_mode_allow is False
+    assert ext_authz.status_on_error.code == 503
+    assert ext_authz.grpc_service.envoy_grpc.cluster_name == "stoa-ext-authz"
+    assert ext_authz.grpc_service.timeout.ToMilliseconds() == OPTIONS.ext_authz_timeout_ms
+    (mapper,) = manager.local_reply_config.mappers
+    assert mapper.body.inline_string.encode() == DENY_BODIES[503] == DENY_BODIES[403]
+    assert mapper.body_format_override.content_type == "application/json"
+    (retry_after,) = mapper.headers_to_add
+    assert retry_after.header.key == "retry-after"
+    assert 1 <= int(retry_after.header.value) <= 10
+
+
+def test_listener_hardening_defaults() -> None:
+    manager = http_manager(translate(inventory(BASE), TranslateOptions(xff_num_trusted_hops=0)))
+    assert manager.normalize_path.value
+    assert manager.merge_slashes
+    assert manager.path_with_escaped_slashes_action == hcm_pb2.HttpConnectionManager.REJECT_REQUEST
+    assert manager.use_remote_address.value
+    assert manager.xff_num_trusted_hops == 0
+    assert manager.HasField("internal_address_config")
+    assert not manager.internal_address_config.cidr_ranges
+    assert manager.rds.route_config_name == "stoa-routes"
+    assert manager.rds.config_source.HasField("ads")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"listener_address": "localhost"},
+        {"listener_port": 0},
+        {"ext_authz_address": "127.0.0.1"},
+        {"ext_authz_timeout_ms": 0},
+        {"default_route_timeout_ms": 0},
+        {"xff_num_trusted_hops": -1},
+    ],
+)
+def test_bad_options_are_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        TranslateOptions(**bad)
+
+
+INVALID = {
+    "path prefix with a query": route("x", path_prefix="/apis/x?y"),
+    "path prefix with dot segment": route("x", path_prefix="/apis/../x"),
+    "relative path prefix": route("x", path_prefix="apis/x"),
+    "lower-case method": route("x", methods=["get"]),
+    "url with credentials": route("x", "http://user:pw@h:1"),
+    "url with query": route("x", "http://h:1/a?b=c"),
+    "url without host": route("x", "http:///a"),
+    "url with bad host": route("x", "http://bad_host:1"),
+    "unknown auth mode": route("x", auth_mode="basic"),
+    "empty tenant": route("x", tenant_id=""),
+}
+
+
+@pytest.mark.parametrize("bad_route", INVALID.values(), ids=list(INVALID))
+def test_invalid_route_content_is_refused(bad_route: dict[str, object]) -> None:
+    with pytest.raises(Refusal) as caught:
+        translate(inventory([bad_route]), OPTIONS)
+    assert caught.value.reason == FailureReason.INVALID_INVENTORY
+    assert "route x" in caught.value.detail
+
+
+def test_route_both_present_and_tombstoned_is_refused() -> None:
+    with pytest.raises(Refusal, match="tombstoned"):
+        translate(inventory(BASE, tombstones=[{"route_id": "r1", "generation": "1"}]), OPTIONS)
+
+
+def test_unsupported_type_refused_before_a_duplicate_is_reported() -> None:
+    policies = [
+        policy("a", "rate_limit", {"maxRequests": 1, "intervalSeconds": 1}, ["r0"]),
+        policy("b", "rate_limit", {"maxRequests": 1, "intervalSeconds": 1}, ["r0"]),
+        policy("z", "oidc", {}, ["r0"]),
+    ]
+    with pytest.raises(Refusal) as caught:
+        translate(inventory(BASE, policies=policies), OPTIONS)
+    assert caught.value.reason == FailureReason.UNSUPPORTED_POLICY
+    assert caught.value.detail == "policy z: type oidc is not supported"
+
+
+def test_ten_thousand_routes_translate() -> None:
+    routes = [route(f"api-{i:05d}", f"http://10.{i // 250}.{i % 250}.1:8080") for i in range(10_000)]
+    snapshot = translate(inventory(routes), OPTIONS)
+    assert len(entries(snapshot)) == 10_000
+    assert len(snapshot.of(CLUSTER)) == 10_001
+    assert len(snapshot.of(AUTHZ_POLICY_SET)[0].routes) == 10_000
+
+
+ORIGINS = [
+    ("https://app.example.com", "https://app.example.com", True),
+    ("https://app.example.com", "https://app.example.com.evil.test", False),
+    ("*", "https://anything.test", True),
+    ("https://*.example.com", "https://a.example.com", True),
+    ("https://*.example.com", "https://a.b.example.com", True),
+    ("https://*.example.com", "https://example.com", False),
+    ("https://*.example.com", "http://a.example.com", False),
+    ("https://*.example.com", "https://a.example.com.evil.test", False),
+    ("https://*.example.com", "https://evil.test/.example.com", False),
+    ("https://*.example.com", "https://aXexample.com", False),
+]
+
+
+@pytest.mark.parametrize(("allowed", "origin", "matches"), ORIGINS)
+def test_cors_origin_forms(allowed: str, origin: str, matches: bool) -> None:
+    matcher = origin_matcher(allowed)
+    if matcher.HasField("exact"):
+        assert (matcher.exact == origin) is matches
+    else:
+        # Envoy's safe_regex must match the whole origin; these patterns mean the same in RE2 and re.
+        assert (re.fullmatch(matcher.safe_regex.regex, origin) is not None) is matches

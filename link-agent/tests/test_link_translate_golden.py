@@ -1,0 +1,103 @@
+"""Golden files: each `golden/<case>/inventory.json` renders to exactly `golden/<case>/expected/*.json`.
+
+A case renders either one file per resource (`<kind>.<name>.json`, proto3 JSON, sorted keys) or
+`refusal.json` (reason and detail). `STOA_UPDATE_GOLDEN=1 uv run pytest link-agent/tests/
+test_link_translate_golden.py` rewrites the expected files; review the diff before committing it.
+Every rendered case also passes `envoy --mode validate` (one Envoy run for all cases).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+from stoa_harness.envoy import validate_config
+from stoa_link.guard import FailureReason, Refusal
+from stoa_link.snapshot import AUTHZ_POLICY_SET, CLUSTER, LISTENER, ROUTE, Snapshot
+from stoa_link.translate import TranslateOptions, translate
+from stoa_link.translate.static import static_bootstrap
+from stoa_proto import inventory_pb2
+
+GOLDEN = Path(__file__).parent / "golden"
+CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "inventory.json").exists())
+UPDATE = os.environ.get("STOA_UPDATE_GOLDEN") == "1"
+OPTIONS = TranslateOptions(
+    listener_address="127.0.0.1",
+    listener_port=10000,
+    ext_authz_address="127.0.0.1:9191",
+    ext_authz_timeout_ms=250,
+    default_route_timeout_ms=15000,
+    xff_num_trusted_hops=0,
+)
+KINDS = {CLUSTER: "cluster", LISTENER: "listener", ROUTE: "route", AUTHZ_POLICY_SET: "authz_policy_set"}
+
+
+def dumps(document: object) -> str:
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+def load_inventory(case: str) -> inventory_pb2.Inventory:
+    return json_format.Parse((GOLDEN / case / "inventory.json").read_text(), inventory_pb2.Inventory())
+
+
+def render(case: str) -> tuple[dict[str, str], Snapshot | None]:
+    try:
+        snapshot = translate(load_inventory(case), OPTIONS)
+    except Refusal as refusal:
+        body = {"reason": FailureReason.Name(refusal.reason), "detail": refusal.detail}
+        return {"refusal.json": dumps(body)}, None
+    files = {}
+    for type_url, kind in KINDS.items():
+        for resource in snapshot.of(type_url):
+            doc = json_format.MessageToDict(resource, preserving_proto_field_name=True)
+            files[f"{kind}.{resource.name}.json"] = dumps(doc)
+    return files, snapshot
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_golden(case: str) -> None:
+    rendered, _ = render(case)
+    expected_dir = GOLDEN / case / "expected"
+    if UPDATE:
+        shutil.rmtree(expected_dir, ignore_errors=True)
+        expected_dir.mkdir()
+        for name, text in rendered.items():
+            (expected_dir / name).write_text(text)
+    expected = {p.name: p.read_text() for p in sorted(expected_dir.glob("*.json"))}
+    assert sorted(rendered) == sorted(expected), f"{case}: rendered files differ from the golden set"
+    for name, text in rendered.items():
+        assert text == expected[name], f"{case}/{name} differs from the golden file"
+
+
+def test_refusal_cases_name_the_reason_expected_by_their_name() -> None:
+    wanted = {
+        "refuse_unsupported": FailureReason.UNSUPPORTED_POLICY,
+        "refuse_duplicate_same_type": FailureReason.DUPLICATE_POLICY,
+        "refuse_bad": FailureReason.INVALID_INVENTORY,
+        "refuse_duplicate_route_id": FailureReason.INVALID_INVENTORY,
+        "refuse_duplicate_path_prefix": FailureReason.INVALID_INVENTORY,
+    }
+    refusal_cases = [c for c in CASES if c.startswith("refuse_")]
+    assert len(refusal_cases) >= 12
+    for case in refusal_cases:
+        with pytest.raises(Refusal) as caught:
+            translate(load_inventory(case), OPTIONS)
+        reason = next(r for prefix, r in wanted.items() if case.startswith(prefix))
+        assert caught.value.reason == reason, (case, caught.value)
+
+
+def test_every_golden_case_passes_envoy_validate() -> None:
+    snapshots = {}
+    for case in CASES:
+        _, snapshot = render(case)
+        if snapshot is not None:
+            snapshots[case] = snapshot
+    assert len(snapshots) >= 10
+    # One Envoy run for every case: each case's listener on its own port, clusters shared by name.
+    validate_config(
+        static_bootstrap({case: (snap, 20000 + i) for i, (case, snap) in enumerate(snapshots.items())})
+    )
