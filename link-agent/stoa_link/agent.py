@@ -1,0 +1,245 @@
+"""The Link's loop: inventory → guard → translate → publish → report.
+
+Only the newest pending inventory matters: deliveries that arrive while one is being published are
+coalesced to the latest. The last applied inventory is persisted in STATE_DIR, so a restarted Link
+serves it again and keeps refusing what the guard refused before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from google.protobuf import json_format
+from stoa_proto import inventory_pb2
+
+from stoa_link import guard
+from stoa_link.ads import AdsServer
+from stoa_link.cp_client import CpClient, Delivery, InvalidInventory
+from stoa_link.reporter import Reporter
+from stoa_link.snapshot import Snapshot
+
+log = logging.getLogger("stoa_link.agent")
+
+FailureReason = inventory_pb2.FailureReason
+Translate = Callable[[inventory_pb2.Inventory], Snapshot]
+
+STATE_FILE = "last-applied-inventory.json"
+
+
+class InventoryStore:
+    """The last applied inventory on disk, written atomically (temp file, fsync, rename)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / STATE_FILE
+
+    def load(self) -> inventory_pb2.Inventory | None:
+        if not self.path.exists():
+            return None
+        try:
+            return json_format.Parse(self.path.read_text(), inventory_pb2.Inventory())
+        except json_format.ParseError as exc:
+            raise ValueError(
+                f"{self.path} is not a valid inventory ({exc}); move it away to start afresh"
+            ) from exc
+
+    def save(self, inventory: inventory_pb2.Inventory) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        data = json_format.MessageToJson(inventory, preserving_proto_field_name=True).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _failed(
+    gateway_id: str, generation: int, reason: int, detail: str, version: str = ""
+) -> inventory_pb2.SyncReport:
+    return inventory_pb2.SyncReport(
+        gateway_id=gateway_id,
+        generation=generation,
+        status=inventory_pb2.FAILED,
+        reason=reason,
+        detail=detail,
+        snapshot_version=version,
+    )
+
+
+class Agent:
+    def __init__(
+        self,
+        gateway_id: str,
+        ads: AdsServer,
+        reporter: Reporter,
+        translate: Translate,
+        store: InventoryStore,
+    ) -> None:
+        self.gateway_id = gateway_id
+        self.ads = ads
+        self.reporter = reporter
+        self.translate = translate
+        self.store = store
+        self.last_applied: inventory_pb2.Inventory | None = store.load()
+        if self.last_applied is not None and self.last_applied.gateway_id != gateway_id:
+            raise ValueError(
+                f"{store.path} holds gateway {self.last_applied.gateway_id!r}, "
+                f"this Link serves {gateway_id!r}: "
+                "point STOA_LINK_STATE_DIR at this gateway's own directory"
+            )
+        self._latest: Delivery | None = None
+        self._arrived = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ---- intake --------------------------------------------------------------------------------
+
+    def offer(self, delivery: Delivery) -> None:
+        """Hand a delivery to the worker; an older one not yet started is dropped for it."""
+        if self._latest is not None:
+            log.info(
+                "inventory_coalesced",
+                extra={
+                    "fields": {
+                        "dropped_generation": self._latest.generation,
+                        "generation": delivery.generation,
+                    }
+                },
+            )
+        self._latest = delivery
+        self._idle.clear()
+        self._arrived.set()
+
+    async def wait_idle(self) -> None:
+        """Until every offered delivery has been handled."""
+        await self._idle.wait()
+
+    async def follow(self, cp: CpClient) -> None:
+        async for delivery in cp.deliveries():
+            self.offer(delivery)
+
+    async def work(self) -> None:
+        await self.restore()
+        while True:
+            await self._arrived.wait()
+            self._arrived.clear()
+            while self._latest is not None:
+                delivery, self._latest = self._latest, None
+                try:
+                    await self.apply(delivery)
+                except Exception as exc:  # fail closed: report, keep serving the acknowledged snapshot
+                    log.exception("apply_crashed", extra={"fields": {"generation": delivery.generation}})
+                    self.reporter.submit(
+                        _failed(
+                            self.gateway_id,
+                            delivery.generation,
+                            FailureReason.INVALID_INVENTORY,
+                            f"internal error: {exc!r}",
+                        )
+                    )
+            self._idle.set()
+
+    # ---- one inventory ---------------------------------------------------------------------------
+
+    async def restore(self) -> None:
+        """Serve the persisted inventory again, so a reconnecting Envoy gets what it was last given."""
+        if self.last_applied is None:
+            return
+        try:
+            snapshot = self.translate(self.last_applied)
+        except guard.Refusal as refusal:
+            log.error(
+                "restore_refused",
+                extra={"fields": {"generation": self.last_applied.generation, "detail": str(refusal)}},
+            )
+            return
+        result = await self.ads.publish(snapshot)
+        log.info(
+            "restored",
+            extra={
+                "fields": {
+                    "generation": self.last_applied.generation,
+                    "version": snapshot.version,
+                    "acked": result.acked,
+                    "detail": result.detail,
+                }
+            },
+        )
+
+    async def apply(self, delivery: Delivery) -> inventory_pb2.SyncReport | None:
+        """Handle one delivery; the report it submitted, or None for a no-op."""
+        if isinstance(delivery, InvalidInventory):
+            return self._report(
+                _failed(
+                    self.gateway_id, delivery.generation, FailureReason.INVALID_INVENTORY, delivery.detail
+                )
+            )
+        inventory = delivery
+        last = self.last_applied
+        if (
+            last is not None
+            and inventory.gateway_id == last.gateway_id
+            and inventory.generation == last.generation
+        ):
+            log.info("inventory_unchanged", extra={"fields": {"generation": inventory.generation}})
+            return None
+        try:
+            guard.check(inventory, last, self.gateway_id)
+            snapshot = self.translate(inventory)
+        except guard.Refusal as refusal:
+            return self._report(
+                _failed(self.gateway_id, inventory.generation, refusal.reason, refusal.detail)
+            )
+        log.info(
+            "publishing", extra={"fields": {"generation": inventory.generation, "version": snapshot.version}}
+        )
+        result = await self.ads.publish(snapshot)
+        if not result.acked:
+            reason = FailureReason.Value(result.reason)
+            return self._report(
+                _failed(self.gateway_id, inventory.generation, reason, result.detail, snapshot.version)
+            )
+        self.store.save(inventory)
+        self.last_applied = inventory
+        return self._report(
+            inventory_pb2.SyncReport(
+                gateway_id=self.gateway_id,
+                generation=inventory.generation,
+                status=inventory_pb2.SYNCED,
+                snapshot_version=snapshot.version,
+            )
+        )
+
+    def _report(self, report: inventory_pb2.SyncReport) -> inventory_pb2.SyncReport:
+        log.info(
+            "sync_report",
+            extra={
+                "fields": {
+                    "generation": report.generation,
+                    "status": inventory_pb2.SyncStatus.Name(report.status),
+                    "reason": FailureReason.Name(report.reason),
+                    "detail": report.detail,
+                    "snapshot_version": report.snapshot_version,
+                }
+            },
+        )
+        self.reporter.submit(report)
+        return report
+
+
+async def run_agent(agent: Agent, cp: CpClient) -> None:
+    """Run the worker, the CP follower and the reporter until cancelled."""
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(agent.reporter.run())
+        tasks.create_task(agent.work())
+        tasks.create_task(agent.follow(cp))

@@ -1,0 +1,152 @@
+"""`stoa-link run | bootstrap | certs`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from stoa_link import bootstrap, certs
+from stoa_link.settings import LinkSettings
+from stoa_link.snapshot import ENVOY_TYPES, SITE_SERVICE_TYPES
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object per line: time, level, logger, event, and the record's `fields`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+            **getattr(record, "fields", {}),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+class StartupError(Exception):
+    """A setting or file that keeps the Link from starting; the message says which and why."""
+
+
+def load_settings() -> LinkSettings:
+    try:
+        return LinkSettings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"STOA_LINK_{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in exc.errors()
+        )
+        raise StartupError(f"invalid settings: {problems}") from None
+
+
+def _run(settings: LinkSettings) -> None:
+    from stoa_link.ads import AdsServer, TlsMaterial
+    from stoa_link.agent import Agent, InventoryStore, run_agent
+    from stoa_link.cp_client import CpClient
+    from stoa_link.reporter import Reporter
+    from stoa_link.translate import TranslateOptions, translate
+
+    try:
+        settings.require_run_settings()
+        tls = TlsMaterial.server_from_dir(settings.tls_dir)
+        options = TranslateOptions(
+            listener_address=settings.listener_address,
+            listener_port=settings.listener_port,
+            ext_authz_address=settings.ext_authz_address,
+            ext_authz_timeout_ms=settings.ext_authz_timeout_ms,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        raise StartupError(str(exc)) from None
+    if settings.env == "production" and certs.issued_by_dev_ca(tls.cert_pem):
+        raise StartupError(
+            f"STOA_LINK_ENV=production but {settings.tls_dir / certs.SERVER_CERT_FILE} was issued by the "
+            f"{certs.DEV_CA_NAME!r} (from `stoa-link certs`): install certificates from your own CA"
+        )
+    identities = {settings.envoy_san: ENVOY_TYPES}
+    if settings.authz_san:
+        identities[settings.authz_san] = SITE_SERVICE_TYPES
+    ads = AdsServer(settings.ads_address, tls, identities, settings.ack_timeout_s)
+    credential = settings.gateway_credential.get_secret_value()
+    reporter = Reporter(settings.cp_url, settings.gateway_id, credential)
+    cp = CpClient(settings.cp_url, settings.gateway_id, credential)
+    try:
+        store = InventoryStore(settings.state_dir)
+        agent = Agent(settings.gateway_id, ads, reporter, lambda inv: translate(inv, options), store)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+
+    async def main() -> None:
+        try:
+            await ads.start()
+        except (OSError, RuntimeError) as exc:
+            raise StartupError(f"cannot start the ADS server on {settings.ads_address}: {exc}") from None
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)  # type: ignore[union-attr]
+        try:
+            await run_agent(agent, cp)
+        finally:
+            await ads.stop()
+            await cp.aclose()
+            await reporter.aclose()
+
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(main())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stoa-link", description="The STOA Link (settings: STOA_LINK_*)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", help="follow the CP and serve Envoy over ADS")
+    boot = sub.add_parser("bootstrap", help="write the Envoy bootstrap")
+    boot.add_argument("--out", type=Path, required=True)
+    boot.add_argument("--node-id", default=None, help="Envoy node id (logged only, never an identity)")
+    cert = sub.add_parser("certs", help="write development certificates (never for production)")
+    cert.add_argument("--out", type=Path, required=True)
+    cert.add_argument("--force", action="store_true", help="replace an existing set")
+    args = parser.parse_args(argv)
+    configure_logging()
+    try:
+        settings = load_settings()
+        if args.command == "run":
+            _run(settings)
+        elif args.command == "bootstrap":
+            try:
+                bootstrap.write(settings, args.out, args.node_id)
+            except FileNotFoundError as exc:
+                raise StartupError(str(exc)) from None
+            print(f"wrote {args.out}")
+        else:
+            try:
+                written = certs.write_dev_certs(args.out, settings.envoy_san, settings.authz_san, args.force)
+            except FileExistsError as exc:
+                raise StartupError(str(exc)) from None
+            print(f"{'wrote' if written else 'kept existing'} development certificates in {args.out}")
+    except StartupError as exc:
+        print(f"stoa-link {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

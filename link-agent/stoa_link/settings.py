@@ -1,0 +1,99 @@
+"""The Link's settings (`STOA_LINK_*` environment variables), validated at start."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def loopback_endpoint(address: str) -> tuple[str, int]:
+    """Split `host:port` (or `[::1]:port`) and insist on a loopback IP literal.
+
+    The ADS server hands out the whole site's configuration; it must never be reachable from
+    another machine, so anything but 127.0.0.0/8 or ::1 is refused.
+    """
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"ADS address {address!r} is not host:port (for example 127.0.0.1:18000)")
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(
+            f"ADS address {address!r}: the host must be a loopback IP literal "
+            f"(127.0.0.1 or ::1), not {host!r}"
+        ) from None
+    if not ip.is_loopback:
+        raise ValueError(
+            f"ADS address {address!r} is not a loopback address: the ADS server binds to 127.0.0.0/8 "
+            "or ::1 only"
+        )
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"ADS address {address!r}: port out of range")
+    return str(ip), port
+
+
+class LinkSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STOA_LINK_", extra="ignore")
+
+    cp_url: str = ""
+    gateway_id: str = ""
+    gateway_credential: SecretStr = SecretStr("")
+    ads_address: str = "127.0.0.1:18000"
+    tls_dir: Path = Path(".stoa/tls")
+    envoy_san: str = "spiffe://stoa.local/envoy"
+    # Empty: no authorization-service client is expected (a Check witness stands in).
+    authz_san: str = "spiffe://stoa.local/ext-authz"
+    listener_address: str = "127.0.0.1"
+    listener_port: int = Field(default=10000, ge=1, le=65535)
+    ext_authz_address: str = "127.0.0.1:9191"
+    ext_authz_timeout_ms: int = Field(default=250, ge=1)
+    ack_timeout_s: float = Field(default=10.0, gt=0)
+    state_dir: Path = Path(".stoa/link-state")
+    envoy_admin_port: int = Field(default=9901, ge=1, le=65535)
+    env: Literal["development", "production"] = "development"
+
+    @field_validator("ads_address")
+    @classmethod
+    def _loopback_only(cls, value: str) -> str:
+        loopback_endpoint(value)
+        return value
+
+    @field_validator("envoy_san", "authz_san")
+    @classmethod
+    def _uri_san(cls, value: str) -> str:
+        if value and "://" not in value:
+            raise ValueError(f"{value!r} is not a URI (for example spiffe://stoa.local/envoy)")
+        return value
+
+    @field_validator("cp_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r} is not an http(s) URL")
+        return value.rstrip("/")
+
+    @property
+    def ads_endpoint(self) -> tuple[str, int]:
+        return loopback_endpoint(self.ads_address)
+
+    def require_run_settings(self) -> None:
+        """`run` needs to reach the CP as its gateway; `bootstrap` and `certs` do not."""
+        missing = [
+            f"STOA_LINK_{name.upper()}"
+            for name, value in (
+                ("cp_url", self.cp_url),
+                ("gateway_id", self.gateway_id),
+                ("gateway_credential", self.gateway_credential.get_secret_value()),
+            )
+            if not value
+        ]
+        if missing:
+            raise ValueError(f"missing settings: {', '.join(missing)}")
+        if self.authz_san and self.authz_san == self.envoy_san:
+            raise ValueError("STOA_LINK_AUTHZ_SAN must differ from STOA_LINK_ENVOY_SAN")

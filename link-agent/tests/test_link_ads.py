@@ -1,0 +1,288 @@
+"""The ADS server over real gRPC and mutual TLS, with Python clients standing in for Envoy and ext-authz."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.rpc import status_pb2
+from stoa_link import certs
+from stoa_link.ads import AdsServer, TlsMaterial
+from stoa_link.snapshot import (
+    AUTHZ_POLICY_SET,
+    CLUSTER,
+    ENVOY_TYPES,
+    LISTENER,
+    ROUTE,
+    SITE_SERVICE_TYPES,
+    Snapshot,
+)
+from stoa_proto import authz_pb2
+
+ENVOY = "spiffe://stoa.local/envoy"
+AUTHZ = "spiffe://stoa.local/ext-authz"
+
+
+def snapshot(generation: int, clusters: list[str], with_policy_set: bool = True) -> Snapshot:
+    resources: dict = {
+        CLUSTER: [cluster_pb2.Cluster(name=n) for n in clusters],
+        LISTENER: [listener_pb2.Listener(name="stoa-listener")],
+        ROUTE: [route_pb2.RouteConfiguration(name="stoa-routes")],
+    }
+    if with_policy_set:
+        resources[AUTHZ_POLICY_SET] = [authz_pb2.AuthzPolicySet(name="default", generation=generation)]
+    return Snapshot.build("gw", generation, resources)
+
+
+@pytest.fixture(scope="module")
+def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tls")
+    certs.write_dev_certs(out, ENVOY, AUTHZ)
+    return out
+
+
+class Client:
+    """A minimal xDS client: subscribes, then ACKs or NACKs whatever arrives (per type)."""
+
+    def __init__(
+        self, tls_dir: Path, port: int, cert: str = "envoy-client", issued: certs.Issued | None = None
+    ):
+        ca = (tls_dir / certs.CA_FILE).read_bytes()
+        cert_pem = issued.cert_pem if issued else (tls_dir / f"{cert}.pem").read_bytes()
+        key_pem = issued.key_pem if issued else (tls_dir / f"{cert}-key.pem").read_bytes()
+        creds = grpc.ssl_channel_credentials(ca, key_pem, cert_pem)
+        self.channel = grpc.aio.secure_channel(f"localhost:{port}", creds)
+        self.requests: asyncio.Queue[discovery_pb2.DiscoveryRequest | None] = asyncio.Queue()
+        self.received: list[discovery_pb2.DiscoveryResponse] = []
+        self.nack: dict[str, str] = {}  # type URL -> the version to refuse
+        self.silent: set[str] = set()
+        self.error: grpc.aio.AioRpcError | None = None
+        self.call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel).StreamAggregatedResources(
+            self._requests()
+        )
+        self.task = asyncio.create_task(self._loop())
+
+    async def _requests(self) -> AsyncIterator[discovery_pb2.DiscoveryRequest]:
+        while (item := await self.requests.get()) is not None:
+            yield item
+
+    def subscribe(self, *types: str) -> None:
+        for type_url in types:
+            self.requests.put_nowait(discovery_pb2.DiscoveryRequest(type_url=type_url, node={"id": "node-1"}))
+
+    async def _loop(self) -> None:
+        try:
+            async for response in self.call:
+                self.received.append(response)
+                if response.type_url in self.silent:
+                    continue
+                request = discovery_pb2.DiscoveryRequest(
+                    type_url=response.type_url, response_nonce=response.nonce
+                )
+                if self.nack.get(response.type_url) == response.version_info:
+                    request.error_detail.CopyFrom(
+                        status_pb2.Status(code=3, message=f"bad {response.version_info}")
+                    )
+                else:
+                    request.version_info = response.version_info
+                self.requests.put_nowait(request)
+        except grpc.aio.AioRpcError as exc:
+            self.error = exc
+
+    def versions(self, type_url: str) -> list[str]:
+        return [r.version_info for r in self.received if r.type_url == type_url]
+
+    async def close(self) -> None:
+        self.requests.put_nowait(None)
+        self.call.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        await self.channel.close()
+
+
+@pytest.fixture
+async def server(tls_dir: Path) -> AsyncIterator[AdsServer]:
+    ads = AdsServer(
+        "127.0.0.1:0",
+        TlsMaterial.server_from_dir(tls_dir),
+        {ENVOY: ENVOY_TYPES, AUTHZ: SITE_SERVICE_TYPES},
+        ack_timeout_s=1.0,
+    )
+    await ads.start()
+    yield ads
+    await ads.stop(0)
+
+
+async def connected(tls_dir: Path, ads: AdsServer, cert: str, *types: str) -> Client:
+    client = Client(tls_dir, ads.port, cert)
+    client.subscribe(*types)
+    identity = ENVOY if cert == "envoy-client" else AUTHZ
+    await asyncio.wait_for(_until(lambda: ads.connected(identity) > 0), 5)
+    return client
+
+
+async def _until(predicate) -> None:
+    # Always awaited under asyncio.wait_for, which sets the deadline.
+    while not predicate():  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+
+
+async def test_publish_waits_for_both_clients_then_serves_policy_set_before_envoy_types(
+    tls_dir: Path, server: AdsServer
+) -> None:
+    snap = snapshot(1, ["a"])
+    publication = asyncio.create_task(server.publish(snap))
+    envoy = await connected(tls_dir, server, "envoy-client", CLUSTER, LISTENER, ROUTE)
+    await asyncio.sleep(0.1)
+    assert not publication.done(), "published before the authorization service was connected"
+    authz = await connected(tls_dir, server, "authz-client", AUTHZ_POLICY_SET)
+    result = await asyncio.wait_for(publication, 5)
+    assert result.acked
+    assert result.version == snap.version
+    assert envoy.versions(CLUSTER) == [snap.version]
+    assert authz.versions(AUTHZ_POLICY_SET) == [snap.version]
+    sends = [(e.type_url, e.identity) for e in server.event_log() if e.kind == "send"]
+    assert sends[0] == (AUTHZ_POLICY_SET, AUTHZ)
+    ack_policy = next(e.seq for e in server.event_log() if e.kind == "ack" and e.type_url == AUTHZ_POLICY_SET)
+    first_envoy_send = next(e.seq for e in server.event_log() if e.kind == "send" and e.identity == ENVOY)
+    assert ack_policy < first_envoy_send
+    await envoy.close()
+    await authz.close()
+
+
+async def test_nack_restores_previous_snapshot_on_every_type(tls_dir: Path, server: AdsServer) -> None:
+    envoy = await connected(tls_dir, server, "envoy-client", CLUSTER, LISTENER, ROUTE)
+    authz = await connected(tls_dir, server, "authz-client", AUTHZ_POLICY_SET)
+    first = snapshot(1, ["a"])
+    assert (await server.publish(first)).acked
+    second = snapshot(2, ["a", "b"])
+    envoy.nack[ROUTE] = second.version
+    result = await server.publish(second)
+    assert not result.acked
+    assert result.reason == "NACK"
+    assert result.failed_type == ROUTE
+    assert result.detail == f"bad {second.version}"
+    # The last acknowledged snapshot was put back on every type, on every stream.
+    await asyncio.wait_for(_until(lambda: envoy.versions(ROUTE)[-1] == first.version), 5)
+    for type_url in (CLUSTER, LISTENER, ROUTE):
+        assert server.served_version(type_url) == first.version
+    assert authz.versions(AUTHZ_POLICY_SET)[-1] == first.version
+    assert server.acked_snapshot is first
+    await envoy.close()
+    await authz.close()
+
+
+async def test_missing_ack_fails_with_ack_timeout(tls_dir: Path, server: AdsServer) -> None:
+    envoy = await connected(tls_dir, server, "envoy-client", CLUSTER, LISTENER, ROUTE)
+    authz = await connected(tls_dir, server, "authz-client", AUTHZ_POLICY_SET)
+    assert (await server.publish(snapshot(1, ["a"]))).acked
+    envoy.silent.add(LISTENER)
+    result = await server.publish(snapshot(2, ["a"]))
+    assert not result.acked
+    assert result.reason == "ACK_TIMEOUT"
+    assert result.failed_type == LISTENER
+    assert "LDS" in result.detail
+    await envoy.close()
+    await authz.close()
+
+
+async def test_unknown_identity_gets_nothing(tls_dir: Path, server: AdsServer) -> None:
+    issued = certs.issue_client(certs.load_ca(tls_dir), "spiffe://stoa.local/someone-else")
+    stranger = Client(tls_dir, server.port, issued=issued)
+    stranger.subscribe(CLUSTER)
+    await asyncio.wait_for(stranger.task, 5)
+    assert stranger.error is not None
+    assert stranger.error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert stranger.received == []
+    await stranger.close()
+
+
+async def test_client_certificate_from_another_ca_is_refused_in_the_handshake(
+    tls_dir: Path, server: AdsServer
+) -> None:
+    foreign = certs.issue_client(certs.make_ca(), ENVOY)
+    client = Client(tls_dir, server.port, issued=foreign)
+    client.subscribe(CLUSTER)
+    await asyncio.wait_for(client.task, 5)
+    assert client.error is not None
+    assert client.error.code() == grpc.StatusCode.UNAVAILABLE
+    assert server.connected(ENVOY) == 0
+    await client.close()
+
+
+async def test_identity_may_read_only_its_own_types(tls_dir: Path, server: AdsServer) -> None:
+    authz = Client(tls_dir, server.port, "authz-client")
+    authz.subscribe(CLUSTER)
+    await asyncio.wait_for(authz.task, 5)
+    assert authz.error is not None
+    assert authz.error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "may not read" in (authz.error.details() or "")
+    await authz.close()
+
+
+async def test_delta_xds_is_unimplemented(tls_dir: Path, server: AdsServer) -> None:
+    ca = (tls_dir / certs.CA_FILE).read_bytes()
+    creds = grpc.ssl_channel_credentials(
+        ca, (tls_dir / "envoy-client-key.pem").read_bytes(), (tls_dir / "envoy-client.pem").read_bytes()
+    )
+    async with grpc.aio.secure_channel(f"localhost:{server.port}", creds) as channel:
+        call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).DeltaAggregatedResources(
+            iter([discovery_pb2.DeltaDiscoveryRequest(type_url=CLUSTER)])
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for _ in call:
+                pass
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_cluster_removal_waits_for_route_ack_and_late_client_gets_current(
+    tls_dir: Path, server: AdsServer
+) -> None:
+    envoy = await connected(tls_dir, server, "envoy-client", CLUSTER, LISTENER, ROUTE)
+    authz = await connected(tls_dir, server, "authz-client", AUTHZ_POLICY_SET)
+    first, second = snapshot(1, ["a", "b"]), snapshot(2, ["b", "c"])
+    assert (await server.publish(first)).acked
+    mark = server.event_log()[-1].seq
+    assert (await server.publish(second)).acked
+    cds = [r for r in envoy.received if r.type_url == CLUSTER][-2:]
+    assert [sorted(cluster_pb2.Cluster.FromString(a.value).name for a in r.resources) for r in cds] == [
+        ["a", "b", "c"],
+        ["b", "c"],
+    ]
+    assert cds[0].version_info == f"{second.version}+{first.version}"
+    assert cds[1].version_info == second.version
+    events = [e for e in server.event_log() if e.seq > mark]
+    rds_ack = next(e.seq for e in events if e.kind == "ack" and e.type_url == ROUTE)
+    removal = [e.seq for e in events if e.kind == "send" and e.type_url == CLUSTER][-1]
+    assert rds_ack < removal
+    late = await connected(tls_dir, server, "envoy-client", CLUSTER, LISTENER)
+    await asyncio.wait_for(_until(lambda: late.versions(LISTENER) == [second.version]), 5)
+    assert late.versions(CLUSTER) == [second.version]
+    for client in (envoy, authz, late):
+        await client.close()
+
+
+async def test_without_authz_identity_policy_set_is_not_waited_for(tls_dir: Path) -> None:
+    ads = AdsServer(
+        "127.0.0.1:0", TlsMaterial.server_from_dir(tls_dir), {ENVOY: ENVOY_TYPES}, ack_timeout_s=1.0
+    )
+    await ads.start()
+    try:
+        envoy = await connected(tls_dir, ads, "envoy-client", CLUSTER, LISTENER, ROUTE)
+        result = await asyncio.wait_for(ads.publish(snapshot(1, ["a"])), 5)
+        assert result.acked
+        assert all(e.type_url != AUTHZ_POLICY_SET for e in ads.event_log() if e.kind == "send")
+        await envoy.close()
+    finally:
+        await ads.stop(0)
+
+
+def test_tls_files_missing_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="stoa-link certs"):
+        TlsMaterial.server_from_dir(tmp_path)

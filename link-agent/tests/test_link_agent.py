@@ -1,0 +1,193 @@
+"""The Link's loop: guard → translate → publish → report, idempotence, coalescing, persistence."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from envoy.config.cluster.v3 import cluster_pb2
+from stoa_link.ads import PublishResult
+from stoa_link.agent import Agent, InventoryStore
+from stoa_link.cp_client import Backoff, InvalidInventory
+from stoa_link.guard import Refusal
+from stoa_link.reporter import Reporter
+from stoa_link.snapshot import CLUSTER, Snapshot
+from stoa_proto import inventory_pb2
+
+FR = inventory_pb2.FailureReason
+
+
+class FakeAds:
+    """Stands in for the ADS server: records publications, answers with a scripted result."""
+
+    def __init__(self) -> None:
+        self.published: list[Snapshot] = []
+        self.failure: PublishResult | None = None
+        self.gate: asyncio.Event | None = None
+        self.started = asyncio.Event()
+
+    async def publish(self, snapshot: Snapshot) -> PublishResult:
+        self.published.append(snapshot)
+        self.started.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.failure is not None:
+            return PublishResult(
+                False, snapshot.version, self.failure.reason, self.failure.failed_type, self.failure.detail
+            )
+        return PublishResult(True, snapshot.version)
+
+
+def translate(inventory: inventory_pb2.Inventory) -> Snapshot:
+    if any(p.type == "oidc" for p in inventory.policies):
+        raise Refusal(FR.UNSUPPORTED_POLICY, "policy type oidc is not supported")
+    clusters = [cluster_pb2.Cluster(name=r.route_id) for r in inventory.routes]
+    return Snapshot.build(inventory.gateway_id, inventory.generation, {CLUSTER: clusters})
+
+
+def inventory(generation: int, *routes: str, gateway: str = "gw") -> inventory_pb2.Inventory:
+    inv = inventory_pb2.Inventory(gateway_id=gateway, generation=generation)
+    for route in routes:
+        inv.routes.add(route_id=route, api_id=route, tenant_id="t", upstream_url="http://127.0.0.1:1")
+    return inv
+
+
+@pytest.fixture
+def received() -> list[dict]:
+    return []
+
+
+@pytest.fixture
+def reporter(received: list[dict]) -> Reporter:
+    def handler(request: httpx.Request) -> httpx.Response:
+        received.append(json.loads(request.content))
+        return httpx.Response(202)
+
+    return Reporter(
+        "http://cp", "gw", "secret", transport=httpx.MockTransport(handler), backoff=Backoff(0.001, 0.002)
+    )
+
+
+def make_agent(tmp_path: Path, reporter: Reporter, ads: FakeAds | None = None) -> Agent:
+    return Agent("gw", ads or FakeAds(), reporter, translate, InventoryStore(tmp_path))  # type: ignore[arg-type]
+
+
+async def test_success_persists_and_reports_synced_then_same_generation_is_a_no_op(
+    tmp_path: Path, reporter: Reporter
+) -> None:
+    agent = make_agent(tmp_path, reporter)
+    report = await agent.apply(inventory(1, "a"))
+    assert report is not None
+    assert report.status == inventory_pb2.SYNCED
+    assert report.generation == 1
+    assert report.snapshot_version == translate(inventory(1, "a")).version
+    assert InventoryStore(tmp_path).load() == inventory(1, "a")
+    assert await agent.apply(inventory(1, "a")) is None
+    assert len(agent.ads.published) == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("delivery", "reason"),
+    [
+        (inventory(2, "a", gateway="other"), FR.FOREIGN_GATEWAY),
+        (inventory(0, "a"), FR.STALE_GENERATION),
+        (inventory(2), FR.ROUTE_LOSS),
+        (InvalidInventory(2, "not JSON"), FR.INVALID_INVENTORY),
+    ],
+)
+async def test_refusals_are_reported_failed_and_nothing_is_published(
+    tmp_path: Path, reporter: Reporter, delivery: inventory_pb2.Inventory | InvalidInventory, reason: int
+) -> None:
+    agent = make_agent(tmp_path, reporter)
+    await agent.apply(inventory(1, "a"))
+    report = await agent.apply(delivery)
+    assert report is not None
+    assert report.status == inventory_pb2.FAILED
+    assert report.reason == reason
+    assert report.detail
+    assert report.gateway_id == "gw"
+    assert len(agent.ads.published) == 1  # type: ignore[attr-defined]
+    assert agent.last_applied == inventory(1, "a")
+
+
+async def test_translator_refusal_is_reported_failed(tmp_path: Path, reporter: Reporter) -> None:
+    agent = make_agent(tmp_path, reporter)
+    bad = inventory(1, "a")
+    bad.policies.add(policy_id="p", type="oidc", applicable=["a"])
+    report = await agent.apply(bad)
+    assert report is not None
+    assert report.reason == FR.UNSUPPORTED_POLICY
+    assert agent.ads.published == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("reason", ["NACK", "ACK_TIMEOUT"])
+async def test_publish_failure_is_reported_with_envoy_detail_and_not_persisted(
+    tmp_path: Path, reporter: Reporter, received: list[dict], reason: str
+) -> None:
+    ads = FakeAds()
+    agent = make_agent(tmp_path, reporter, ads)
+    await agent.apply(inventory(1, "a"))
+    ads.failure = PublishResult(False, "", reason, "type.googleapis.com/x", "Envoy says no")
+    report = await agent.apply(inventory(2, "a", "b"))
+    assert report is not None
+    assert report.status == inventory_pb2.FAILED
+    assert FR.Name(report.reason) == reason
+    assert report.detail == "Envoy says no"
+    assert report.snapshot_version == translate(inventory(2, "a", "b")).version
+    assert InventoryStore(tmp_path).load() == inventory(1, "a")
+    task = asyncio.create_task(reporter.run())
+    await asyncio.wait_for(reporter.wait_idle(), 5)
+    task.cancel()
+    # Only the latest report reaches the CP: the FAILED one superseded the SYNCED one.
+    assert received[-1]["status"] == "FAILED"
+    assert received[-1]["reason"] == reason
+
+
+async def test_deliveries_arriving_during_a_publication_coalesce_to_the_latest(
+    tmp_path: Path, reporter: Reporter
+) -> None:
+    ads = FakeAds()
+    ads.gate = asyncio.Event()
+    agent = make_agent(tmp_path, reporter, ads)
+    worker = asyncio.create_task(agent.work())
+    agent.offer(inventory(1, "a"))
+    await asyncio.wait_for(ads.started.wait(), 5)
+    for generation in (2, 3, 4):
+        agent.offer(inventory(generation, "a"))
+    ads.gate.set()
+    await asyncio.wait_for(agent.wait_idle(), 5)
+    worker.cancel()
+    assert [s.generation for s in ads.published] == [1, 4]
+    assert agent.last_applied is not None
+    assert agent.last_applied.generation == 4
+
+
+async def test_restart_restores_the_persisted_inventory_before_anything_else(
+    tmp_path: Path, reporter: Reporter
+) -> None:
+    await make_agent(tmp_path, reporter).apply(inventory(3, "a", "b"))
+    ads = FakeAds()
+    restarted = make_agent(tmp_path, reporter, ads)
+    assert restarted.last_applied == inventory(3, "a", "b")
+    worker = asyncio.create_task(restarted.work())
+    restarted.offer(inventory(3, "a", "b"))
+    await asyncio.wait_for(restarted.wait_idle(), 5)
+    worker.cancel()
+    assert [s.generation for s in ads.published] == [3]  # restored once; the same generation is a no-op
+
+
+def test_state_of_another_gateway_refuses_to_start(tmp_path: Path, reporter: Reporter) -> None:
+    InventoryStore(tmp_path).save(inventory(1, "a", gateway="other"))
+    with pytest.raises(ValueError, match="STOA_LINK_STATE_DIR"):
+        make_agent(tmp_path, reporter)
+
+
+def test_state_file_write_is_atomic(tmp_path: Path) -> None:
+    store = InventoryStore(tmp_path / "state")
+    store.save(inventory(1, "a"))
+    store.save(inventory(2, "a"))
+    assert store.load() == inventory(2, "a")
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["last-applied-inventory.json"]

@@ -1,0 +1,103 @@
+"""The CP client: config fetch, SSE follow, resume with Last-Event-ID, bounded jittered backoff."""
+
+from __future__ import annotations
+
+import httpx
+from google.protobuf import json_format
+from stoa_link.cp_client import Backoff, CpClient, InvalidInventory
+from stoa_proto import inventory_pb2
+
+
+def inventory_json(generation: int) -> str:
+    inv = inventory_pb2.Inventory(gateway_id="gw", generation=generation)
+    return json_format.MessageToJson(inv, preserving_proto_field_name=True, indent=None)
+
+
+def sse(*generations: int, data: str | None = None) -> bytes:
+    out = ": keep-alive\n\n"
+    for g in generations:
+        out += f"event: inventory\nid: {g}\ndata: {data or inventory_json(g)}\n\n"
+    return out.encode()
+
+
+def fast() -> Backoff:
+    return Backoff(base_s=0.001, cap_s=0.002)
+
+
+async def take(client: CpClient, count: int) -> list:
+    out = []
+    async for delivery in client.deliveries():
+        out.append(delivery)
+        if len(out) == count:
+            break
+    return out
+
+
+async def test_fetches_config_then_follows_and_resumes_after_each_break() -> None:
+    seen_ids: list[str | None] = []
+    streams = iter([sse(2, 3), None, sse(4)])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.headers["authorization"] == "Bearer secret"
+        if request.url.path == "/v1/gateways/gw/config":
+            return httpx.Response(200, text=inventory_json(1))
+        assert request.url.path == "/v1/gateways/gw/events"
+        seen_ids.append(request.headers.get("last-event-id"))
+        body = next(streams)
+        if body is None:
+            return httpx.Response(503, text="down")
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    client = CpClient("http://cp", "gw", "secret", transport=httpx.MockTransport(handler), backoff=fast())
+    deliveries = await take(client, 4)
+    await client.aclose()
+    assert [d.generation for d in deliveries] == [1, 2, 3, 4]
+    # Resumed from the last generation seen, never from the start.
+    assert seen_ids == ["1", "3", "3"]
+
+
+async def test_config_outage_is_retried_until_the_cp_answers() -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise httpx.ConnectError("refused", request=request)
+        if calls == 3:
+            return httpx.Response(500)
+        return httpx.Response(200, text=inventory_json(7))
+
+    client = CpClient("http://cp", "gw", "secret", transport=httpx.MockTransport(handler), backoff=fast())
+    [first] = await take(client, 1)
+    await client.aclose()
+    assert first.generation == 7
+    assert calls == 4
+
+
+async def test_an_event_that_is_not_an_inventory_is_delivered_as_invalid() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/config"):
+            return httpx.Response(200, text=inventory_json(1))
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            content=sse(5, data='{"generation": "5", "routes": "nope"}'),
+        )
+
+    client = CpClient("http://cp", "gw", "secret", transport=httpx.MockTransport(handler), backoff=fast())
+    _, bad = await take(client, 2)
+    await client.aclose()
+    assert isinstance(bad, InvalidInventory)
+    assert bad.generation == 5
+    assert "routes" in bad.detail
+
+
+def test_backoff_is_bounded_full_jitter() -> None:
+    backoff = Backoff(base_s=0.2, cap_s=10.0)
+    delays = [backoff.next_delay() for _ in range(200)]
+    for attempt, delay in enumerate(delays):
+        assert 0 <= delay <= min(10.0, 0.2 * 2**attempt)
+    assert max(delays[10:]) > 1.0, "the ceiling grows to the cap"
+    backoff.reset()
+    assert backoff.next_delay() <= 0.2
