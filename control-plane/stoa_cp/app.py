@@ -1,0 +1,61 @@
+"""The CP application: routers, error format, and the lifespan (pool + migrations, LISTEN, JWKS refresh)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from stoa_cp import problems, store, trust
+from stoa_cp.auth import digest
+from stoa_cp.events import InventoryEvents
+from stoa_cp.inventory import InventoryCache
+from stoa_cp.routers import apis, gateways, health, issuers, link, policies, tenants
+from stoa_cp.settings import Settings
+
+log = logging.getLogger("stoa_cp")
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not settings.admin_tokens:
+            log.warning("STOA_CP_ADMIN_TOKENS is empty: every admin request will be refused")
+        app.state.pool = await store.open_pool(
+            settings.database_url, settings.pool_min_size, settings.pool_max_size
+        )
+        app.state.events = InventoryEvents(settings.database_url)
+        refresher: asyncio.Task[None] | None = None
+        try:
+            await app.state.events.start()
+            refresher = asyncio.create_task(
+                trust.refresh_forever(app.state.pool, settings.jwks_refresh_s, settings.jwks_fetch_timeout_s),
+                name="stoa-cp-jwks-refresh",
+            )
+            yield
+        finally:
+            if refresher is not None:
+                refresher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await refresher
+            await app.state.events.stop()
+            await app.state.pool.close()
+
+    app = FastAPI(
+        title="STOA control plane",
+        version="0.1.0",
+        description="Tenants, APIs, gateways, policies and trusted issuers; publication over SSE.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.admin_digests = [digest(token) for token in settings.admin_tokens]
+    app.state.inventory_cache = InventoryCache()
+    problems.install(app)
+    for module in (tenants, apis, gateways, issuers, link, health):
+        app.include_router(module.router)
+    app.include_router(policies.tenant_router)
+    app.include_router(policies.gateway_router)
+    return app

@@ -1,0 +1,92 @@
+"""Fan-out of inventory changes to this process's SSE streams, fed by PostgreSQL LISTEN/NOTIFY.
+
+One listening connection per process. A notification only wakes the streams of that gateway; each
+stream then reads the current generation from the database itself, so a lost or coalesced
+notification can delay an event but never skip one (after a reconnect every stream re-checks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import asyncpg
+
+from stoa_cp.publish import CHANNEL, parse_payload
+
+log = logging.getLogger("stoa_cp")
+
+
+class InventoryEvents:
+    def __init__(self, dsn: str, health_interval_s: float = 5.0) -> None:
+        self._dsn = dsn
+        self._health_interval_s = health_interval_s
+        self._subscribers: dict[str, set[asyncio.Event]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.listening = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._listen_forever(), name="stoa-cp-listen")
+        # Start-up waits for the first LISTEN so that no change committed after start is missed.
+        await asyncio.wait_for(self.listening.wait(), timeout=30)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    @contextlib.contextmanager
+    def subscribe(self, gateway_id: str) -> Iterator[asyncio.Event]:
+        wake = asyncio.Event()
+        self._subscribers.setdefault(gateway_id, set()).add(wake)
+        try:
+            yield wake
+        finally:
+            subscribers = self._subscribers.get(gateway_id)
+            if subscribers is not None:
+                subscribers.discard(wake)
+                if not subscribers:
+                    del self._subscribers[gateway_id]
+
+    def _wake(self, gateway_id: str) -> None:
+        for wake in self._subscribers.get(gateway_id, ()):
+            wake.set()
+
+    def _wake_all(self) -> None:
+        for gateway_id in list(self._subscribers):
+            self._wake(gateway_id)
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        parsed = parse_payload(str(payload))
+        if parsed is not None:
+            self._wake(parsed[0])
+
+    async def _listen_forever(self) -> None:
+        backoff = 0.2
+        while True:
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await asyncpg.connect(self._dsn)
+                await conn.add_listener(CHANNEL, self._on_notify)
+                backoff = 0.2
+                self.listening.set()
+                # Changes committed while we were not listening: let every stream re-check.
+                self._wake_all()
+                while True:
+                    await asyncio.sleep(self._health_interval_s)
+                    await asyncio.wait_for(conn.execute("SELECT 1"), timeout=self._health_interval_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.listening.clear()
+                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(conn.close(), timeout=2)

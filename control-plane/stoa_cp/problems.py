@@ -1,0 +1,124 @@
+"""RFC 7807 problem responses: every error names the bad field and changes nothing."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+PROBLEM_JSON = "application/problem+json"
+log = logging.getLogger("stoa_cp")
+
+
+class FieldError(BaseModel):
+    field: str
+    message: str
+
+
+class ProblemBody(BaseModel):
+    """The body of every error response (media type application/problem+json)."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str = ""
+    errors: list[FieldError] = []
+
+
+class Problem(Exception):
+    def __init__(
+        self,
+        status: int,
+        title: str,
+        errors: Sequence[tuple[str, str]] = (),
+        detail: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(title)
+        self.headers = headers
+        self.status = status
+        self.title = title
+        self.errors = [FieldError(field=f, message=m) for f, m in errors]
+        self.detail = detail or "; ".join(f"{f}: {m}" for f, m in errors)
+
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
+        body = ProblemBody(title=self.title, status=self.status, detail=self.detail, errors=self.errors)
+        return JSONResponse(
+            body.model_dump(),
+            status_code=self.status,
+            media_type=PROBLEM_JSON,
+            headers=headers or self.headers,
+        )
+
+
+def invalid(field: str, message: str) -> Problem:
+    return Problem(422, "Validation failed", [(field, message)])
+
+
+def not_found(field: str, value: str) -> Problem:
+    return Problem(404, "Not found", [(field, f"unknown {field} {value!r}")])
+
+
+def conflict(field: str, value: str) -> Problem:
+    return Problem(409, "Conflict", [(field, f"{field} {value!r} already exists")])
+
+
+def field_path(loc: Sequence[str | int]) -> str:
+    """('body', 'config', 'allowedOrigins', 1) -> 'config.allowedOrigins[1]'."""
+    parts = list(loc)
+    if parts and parts[0] in ("body", "path", "query", "header", "cookie"):
+        parts = parts[1:]
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "body"
+
+
+def install(app: FastAPI) -> None:
+    async def on_problem(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, Problem)
+        return exc.response()
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        errors = []
+        for err in exc.errors():
+            message = str(err.get("msg", "invalid"))
+            # Custom validators raise ValueError("..."): pydantic prefixes it, which helps nobody.
+            message = message.removeprefix("Value error, ")
+            errors.append((field_path(err.get("loc", ())), message))
+        return Problem(422, "Validation failed", errors).response()
+
+    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        headers = dict(exc.headers) if exc.headers else None
+        return Problem(exc.status_code, str(exc.detail)).response(headers)
+
+    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return Problem(500, "Internal error").response()
+
+    app.add_exception_handler(Problem, on_problem)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)
+
+
+PROBLEM_RESPONSES: dict[int | str, dict[str, object]] = {
+    status: {"model": ProblemBody, "content": {PROBLEM_JSON: {}}, "description": desc}
+    for status, desc in (
+        (401, "Missing or unknown credential"),
+        (403, "Credential of another principal"),
+        (404, "Unknown resource (the field is named)"),
+        (409, "Conflict (the field is named)"),
+        (422, "Invalid input (each bad field is named)"),
+    )
+}

@@ -1,0 +1,88 @@
+"""Publication: every change of a gateway's desired state bumps its generation in the same
+transaction as the change, and notifies every CP process (LISTEN/NOTIFY) when it commits.
+
+Lock order, shared by every writer so that concurrent changes serialise without deadlock:
+tenant row → API row → gateway rows (sorted by id). Tenant-wide changes (policies, issuers) take the
+tenant row FOR UPDATE; deployments and API edits take it FOR SHARE. That way the set of gateways a
+tenant-wide change reaches cannot move under it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+import asyncpg
+
+from stoa_cp.problems import not_found
+
+CHANNEL = "stoa_inventory"
+
+
+async def lock_tenant(conn: asyncpg.Connection, tenant_id: str, mode: Literal["share", "update"]) -> None:
+    """Lock the tenant row (404 naming tenant_id when it does not exist)."""
+    clause = "FOR SHARE" if mode == "share" else "FOR UPDATE"
+    found = await conn.fetchval(f"SELECT 1 FROM tenants WHERE tenant_id = $1 {clause}", tenant_id)  # noqa: S608
+    if found is None:
+        raise not_found("tenant_id", tenant_id)
+
+
+async def tenant_gateways(conn: asyncpg.Connection, tenant_id: str) -> list[str]:
+    """Gateways on which the tenant has at least one route: the reach of its policies and issuers."""
+    rows = await conn.fetch(
+        "SELECT DISTINCT d.gateway_id FROM deployments d JOIN apis a ON a.api_id = d.api_id"
+        " WHERE a.tenant_id = $1 ORDER BY 1",
+        tenant_id,
+    )
+    return [row["gateway_id"] for row in rows]
+
+
+async def lock_gateway(conn: asyncpg.Connection, gateway_id: str) -> int:
+    """Lock one gateway row and return its generation (404 naming gateway_id when unknown)."""
+    generation = await conn.fetchval(
+        "SELECT generation FROM gateways WHERE gateway_id = $1 FOR UPDATE", gateway_id
+    )
+    if generation is None:
+        raise not_found("gateway_id", gateway_id)
+    return int(generation)
+
+
+async def bump(conn: asyncpg.Connection, gateway_ids: Iterable[str]) -> dict[str, int]:
+    """Increment each gateway's generation once and queue a notification for commit time.
+
+    Must run inside the transaction that makes the change; NOTIFY is delivered only on commit.
+    """
+    ids = sorted(set(gateway_ids))
+    if not ids:
+        return {}
+    rows = await conn.fetch(
+        """
+        WITH locked AS (
+            SELECT gateway_id FROM gateways WHERE gateway_id = ANY($1::text[])
+            ORDER BY gateway_id FOR UPDATE
+        )
+        UPDATE gateways g SET generation = g.generation + 1
+        FROM locked WHERE g.gateway_id = locked.gateway_id
+        RETURNING g.gateway_id, g.generation
+        """,
+        ids,
+    )
+    bumped = {row["gateway_id"]: int(row["generation"]) for row in rows}
+    await notify(conn, bumped)
+    return bumped
+
+
+async def notify(conn: asyncpg.Connection, generations: dict[str, int]) -> None:
+    if generations:
+        await conn.execute(
+            "SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload",
+            CHANNEL,
+            [f"{gateway_id}:{generation}" for gateway_id, generation in generations.items()],
+        )
+
+
+def parse_payload(payload: str) -> tuple[str, int] | None:
+    gateway_id, _, generation = payload.rpartition(":")
+    if not gateway_id or not generation.isdigit():
+        return None
+    return gateway_id, int(generation)

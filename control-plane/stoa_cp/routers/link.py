@@ -1,0 +1,159 @@
+"""Gateway-facing endpoints (the Link): config, SSE events, sync reports. Only the gateway's own
+credential is accepted (401 none/unknown, 403 another gateway's)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Header, Request, Response
+from google.protobuf import json_format
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from stoa_proto import inventory_pb2
+
+from stoa_cp.auth import Db, require_gateway
+from stoa_cp.inventory import InventoryCache
+from stoa_cp.problems import PROBLEM_RESPONSES, Problem, invalid, not_found
+from stoa_cp.routers.gateways import gateway_status
+from stoa_cp.schemas import GatewayStatus
+
+router = APIRouter(prefix="/v1/gateways/{gateway_id}", tags=["gateway link"], responses=PROBLEM_RESPONSES)
+Gateway = Annotated[str, Depends(require_gateway)]
+
+_INVENTORY_DOC = {
+    200: {
+        "description": "The gateway's complete inventory (stoa.inventory.v1.Inventory as proto3 JSON)",
+        "content": {"application/json": {}},
+    }
+}
+
+
+def _cache(request: Request) -> InventoryCache:
+    return request.app.state.inventory_cache  # type: ignore[no-any-return]
+
+
+@router.get("/config", response_class=Response, responses=_INVENTORY_DOC)
+async def get_config(gateway_id: Gateway, request: Request, db: Db) -> Response:
+    current = await _cache(request).current(db, gateway_id)
+    if current is None:
+        raise not_found("gateway_id", gateway_id)
+    return Response(content=current[1], media_type="application/json")
+
+
+@router.get(
+    "/events",
+    response_class=EventSourceResponse,
+    responses={
+        200: {
+            "description": "SSE: event `inventory`, id = generation, data = Inventory JSON",
+            "content": {"text/event-stream": {}},
+        }
+    },
+)
+async def stream_events(
+    gateway_id: Gateway,
+    request: Request,
+    db: Db,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> EventSourceResponse:
+    """The current inventory whenever its generation is above the last one sent (or Last-Event-ID)."""
+    try:
+        last_sent = int(last_event_id) if last_event_id not in (None, "") else 0
+    except ValueError:
+        raise invalid("Last-Event-ID", "must be a generation (an integer)") from None
+    cache = _cache(request)
+    events = request.app.state.events
+
+    async def stream() -> AsyncIterator[ServerSentEvent]:
+        nonlocal last_sent
+        with events.subscribe(gateway_id) as wake:
+            while True:
+                # Clear before reading: a change committed during the read wakes the next round.
+                wake.clear()
+                current = await cache.current(db, gateway_id)
+                if current is None:
+                    return
+                generation, body = current
+                if generation > last_sent:
+                    yield ServerSentEvent(data=body, event="inventory", id=str(generation))
+                    last_sent = generation
+                await wake.wait()
+
+    return EventSourceResponse(stream(), ping=request.app.state.settings.sse_ping_s)
+
+
+_REPORT_EXAMPLE = {
+    "gateway_id": "gw-1",
+    "generation": "7",
+    "status": "FAILED",
+    "snapshot_version": "",
+    "reason": "NACK",
+    "detail": "Envoy's error detail",
+}
+
+
+@router.post("/sync-reports", status_code=202)
+async def post_sync_report(
+    gateway_id: Gateway,
+    db: Db,
+    body: Annotated[
+        dict[str, Any],
+        Body(description="stoa.inventory.v1.SyncReport as proto3 JSON", examples=[_REPORT_EXAMPLE]),
+    ],
+) -> GatewayStatus:
+    report = inventory_pb2.SyncReport()
+    try:
+        json_format.ParseDict(body, report)
+    except json_format.ParseError as exc:
+        raise invalid("body", f"not a SyncReport: {exc}") from None
+    if report.gateway_id != gateway_id:
+        raise invalid("gateway_id", "must equal the gateway_id of the path")
+    if report.status not in (inventory_pb2.SYNCED, inventory_pb2.FAILED):
+        raise invalid("status", "must be SYNCED or FAILED")
+    if report.generation < 1:
+        raise invalid("generation", "must be a generation (>= 1)")
+    if report.status == inventory_pb2.SYNCED and not report.snapshot_version:
+        raise invalid("snapshot_version", "is required with SYNCED")
+    if report.status == inventory_pb2.FAILED and report.reason == inventory_pb2.FAILURE_REASON_UNSPECIFIED:
+        raise invalid("reason", "is required with FAILED")
+    status = inventory_pb2.SyncStatus.Name(report.status)
+    reason = inventory_pb2.FailureReason.Name(report.reason)
+    last = {"generation": report.generation, "status": status, "reason": reason, "detail": report.detail}
+    async with db.acquire() as conn, conn.transaction():
+        desired = await conn.fetchval(
+            "SELECT generation FROM gateways WHERE gateway_id = $1 FOR UPDATE", gateway_id
+        )
+        if report.generation > desired:
+            raise Problem(
+                422, "Validation failed", [("generation", f"is above the desired generation {desired}")]
+            )
+        await conn.execute(
+            "INSERT INTO sync_reports (gateway_id, generation, status, reason, detail, snapshot_version)"
+            " VALUES ($1, $2, $3, $4, $5, $6)",
+            gateway_id,
+            report.generation,
+            status,
+            reason,
+            report.detail,
+            report.snapshot_version,
+        )
+        synced = report.status == inventory_pb2.SYNCED
+        await conn.execute(
+            """
+            UPDATE gateways SET
+              snapshot_version = CASE WHEN $2 AND $3 >= acknowledged_generation
+                                 THEN $4 ELSE snapshot_version END,
+              acknowledged_generation = CASE WHEN $2 THEN GREATEST(acknowledged_generation, $3)
+                                        ELSE acknowledged_generation END,
+              failed_generation = CASE WHEN NOT $2 THEN GREATEST(failed_generation, $3)
+                                  ELSE failed_generation END,
+              last_report = $5
+            WHERE gateway_id = $1
+            """,
+            gateway_id,
+            synced,
+            report.generation,
+            report.snapshot_version,
+            last,
+        )
+    return await gateway_status(gateway_id, db)

@@ -1,0 +1,229 @@
+"""Request and response bodies of the CP API (validation lives with the field it guards)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)]
+
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+_PATH = re.compile(r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*$")
+_SCOPE = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]{1,128}$")  # RFC 6749 scope-token characters
+
+
+def _upstream_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("must be an http:// or https:// URL")
+    if not parts.hostname:
+        raise ValueError("must name a host")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("must not carry credentials")
+    if parts.query or parts.fragment:
+        raise ValueError("must not have a query or fragment")
+    try:
+        _ = parts.port
+    except ValueError:
+        raise ValueError("has an invalid port") from None
+    if any(c.isspace() for c in value):
+        raise ValueError("must not contain whitespace")
+    return value
+
+
+def _path_prefix(value: str) -> str:
+    if not _PATH.match(value):
+        raise ValueError("must start with '/' and contain only URL path characters")
+    segments = value.split("/")[1:]
+    if "//" in value or any(seg in (".", "..") for seg in segments):
+        raise ValueError("must be a normalised path (no '//', '.' or '..' segments)")
+    return value
+
+
+def _methods(value: list[str]) -> list[str]:
+    out: list[str] = []
+    for method in value:
+        upper = method.upper()
+        if upper not in HTTP_METHODS:
+            raise ValueError(f"{method!r} is not one of {', '.join(HTTP_METHODS)}")
+        if upper not in out:
+            out.append(upper)
+    return out
+
+
+def _scopes(value: list[str]) -> list[str]:
+    for scope in value:
+        if not _SCOPE.match(scope):
+            raise ValueError(f"{scope!r} is not a valid scope token")
+    return list(dict.fromkeys(value))
+
+
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL")
+    return value
+
+
+UpstreamUrl = Annotated[str, AfterValidator(_upstream_url)]
+PathPrefix = Annotated[str, AfterValidator(_path_prefix)]
+Methods = Annotated[list[str], Field(min_length=1), AfterValidator(_methods)]
+Scopes = Annotated[list[str], AfterValidator(_scopes)]
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- tenants ------------------------------------------------------------------------------------
+class TenantIn(Strict):
+    tenant_id: Identifier
+    name: Name
+
+
+class TenantOut(BaseModel):
+    tenant_id: str
+    name: str
+
+
+# -- APIs ---------------------------------------------------------------------------------------
+class ApiAuth(Strict):
+    mode: Literal["jwt", "none"] = "jwt"
+    scopes: Scopes = []
+
+
+class ApiFields(Strict):
+    name: Name
+    upstream_url: UpstreamUrl
+    path_prefix: PathPrefix | None = None
+    methods: Methods
+    timeout_ms: int | None = Field(default=None, ge=1, le=3_600_000)
+    auth: ApiAuth = Field(default_factory=ApiAuth)
+
+
+class ApiIn(ApiFields):
+    api_id: Identifier
+
+
+class ApiUpdate(ApiFields):
+    """PUT replaces every field; `api_id`, when given, must equal the path's."""
+
+    api_id: Identifier | None = None
+
+
+class ApiOut(BaseModel):
+    api_id: str
+    tenant_id: str
+    name: str
+    upstream_url: str
+    path_prefix: str
+    methods: list[str]
+    timeout_ms: int | None
+    auth: ApiAuth
+    deployed_on: list[str]
+
+
+# -- gateways and deployments --------------------------------------------------------------------
+class GatewayIn(Strict):
+    gateway_id: Identifier
+    name: Name
+
+
+class GatewayOut(BaseModel):
+    gateway_id: str
+    name: str
+    generation: int
+
+
+class GatewayCreated(GatewayOut):
+    credential: str = Field(description="Shown once; the CP stores only its SHA-256 digest")
+
+
+class DeploymentOut(BaseModel):
+    gateway_id: str
+    api_id: str
+    generation: int = Field(description="The gateway's generation after this request")
+    changed: bool
+
+
+class LastReport(BaseModel):
+    generation: int
+    status: str
+    reason: str
+    detail: str
+
+
+class GatewayStatus(BaseModel):
+    gateway_id: str
+    desired_generation: int
+    acknowledged_generation: int
+    snapshot_version: str
+    state: Literal["PENDING", "SYNCED", "FAILED"]
+    last_report: LastReport | None
+
+
+# -- policies -----------------------------------------------------------------------------------
+class TenantPolicyFields(Strict):
+    type: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
+    config: dict[str, Any]
+    scope: Literal["tenant", "api"]
+    targets: list[Identifier] = []
+
+
+class TenantPolicyIn(TenantPolicyFields):
+    policy_id: Identifier
+
+
+class TenantPolicyUpdate(TenantPolicyFields):
+    policy_id: Identifier | None = None
+
+
+class GatewayPolicyFields(Strict):
+    type: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
+    config: dict[str, Any]
+
+
+class GatewayPolicyIn(GatewayPolicyFields):
+    policy_id: Identifier
+
+
+class GatewayPolicyUpdate(GatewayPolicyFields):
+    policy_id: Identifier | None = None
+
+
+class PolicyOut(BaseModel):
+    policy_id: str
+    type: str
+    config: dict[str, Any]
+    scope: str
+    targets: list[str]
+    tenant_id: str | None
+    gateway_id: str | None
+
+
+# -- issuers ------------------------------------------------------------------------------------
+class IssuerIn(Strict):
+    issuer: Annotated[HttpUrl, StringConstraints(max_length=2048)]
+    jwks_uri: HttpUrl | None = None
+    jwks: dict[str, Any] | None = None
+
+
+class IssuerOut(BaseModel):
+    issuer_id: str
+    tenant_id: str
+    issuer: str
+    jwks_uri: str | None
+    jwks: dict[str, Any]
+    fetched_at: datetime | None
+    last_error: str
+
+
+class IssuerRefreshed(IssuerOut):
+    changed: bool

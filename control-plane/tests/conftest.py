@@ -1,0 +1,167 @@
+"""Shared fixtures for the CP tests: one embedded PostgreSQL per session, a fresh database and a real
+uvicorn-served CP (in the test event loop) per module."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import uvicorn
+from stoa_cp.app import create_app
+from stoa_cp.settings import Settings
+from stoa_harness.postgres import EmbeddedPostgres
+
+ADMIN_TOKEN = "test-admin-token"
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        if await predicate():
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[EmbeddedPostgres]:
+    with EmbeddedPostgres() as server:
+        yield server
+
+
+@dataclass
+class RunningCP:
+    url: str
+    dsn: str
+    settings: Settings
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+
+    def admin(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.url, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
+        )
+
+    def gateway(self, credential: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.url, headers={"authorization": f"Bearer {credential}"}, timeout=10
+        )
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await asyncio.wait_for(self.task, timeout=15)
+
+
+async def start_cp(dsn: str, **overrides: object) -> RunningCP:
+    settings = Settings(database_url=dsn, admin_tokens=[ADMIN_TOKEN], **overrides)  # type: ignore[arg-type]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(settings), log_level="warning", lifespan="on", timeout_graceful_shutdown=2
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+
+    async def started() -> bool:
+        if task.done():
+            task.result()  # surfaces a start-up failure
+        return server.started
+
+    await wait_for(started, 30, "the CP to start")
+    return RunningCP(f"http://127.0.0.1:{port}", dsn, settings, server, task)
+
+
+@pytest.fixture(scope="module")
+async def cp(pg: EmbeddedPostgres) -> AsyncIterator[RunningCP]:
+    running = await start_cp(pg.create_database(f"cp_{uuid.uuid4().hex[:12]}"), sse_ping_s=0.5)
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def cp_factory(pg: EmbeddedPostgres) -> AsyncIterator[Callable[..., Awaitable[RunningCP]]]:
+    """Start extra CPs (fresh database unless a DSN is given) with overrides; all stopped at teardown."""
+    started: list[RunningCP] = []
+
+    async def make(dsn: str | None = None, **overrides: object) -> RunningCP:
+        running = await start_cp(dsn or pg.create_database(f"cp_{uuid.uuid4().hex[:12]}"), **overrides)
+        started.append(running)
+        return running
+
+    yield make
+    for running in started:
+        await running.stop()
+
+
+@pytest.fixture
+async def admin(cp: RunningCP) -> AsyncIterator[httpx.AsyncClient]:
+    async with cp.admin() as client:
+        yield client
+
+
+class Api:
+    """Admin-side helpers used by every test (exposed as the `api` fixture: with --import-mode=importlib
+    tests cannot import from conftest)."""
+
+    def __init__(self, cp: RunningCP, admin: httpx.AsyncClient) -> None:
+        self.cp = cp
+        self.admin = admin
+        self.uid = uid
+        self.wait_for = wait_for
+
+    async def tenant(self) -> str:
+        tenant_id = uid("t")
+        response = await self.admin.post("/v1/tenants", json={"tenant_id": tenant_id, "name": "Tenant"})
+        assert response.status_code == 201, response.text
+        return tenant_id
+
+    async def gateway(self) -> tuple[str, str]:
+        gateway_id = uid("gw")
+        response = await self.admin.post("/v1/gateways", json={"gateway_id": gateway_id, "name": "Gateway"})
+        assert response.status_code == 201, response.text
+        return gateway_id, response.json()["credential"]
+
+    async def new_api(self, tenant_id: str, **fields: object) -> str:
+        api_id = str(fields.pop("api_id", uid("api")))
+        body = {"api_id": api_id, "name": "API", "upstream_url": "http://127.0.0.1:9000", "methods": ["GET"]}
+        body.update(fields)
+        response = await self.admin.post(f"/v1/tenants/{tenant_id}/apis", json=body)
+        assert response.status_code == 201, response.text
+        return api_id
+
+    async def deploy(self, gateway_id: str, api_id: str) -> int:
+        response = await self.admin.put(f"/v1/gateways/{gateway_id}/deployments/{api_id}")
+        assert response.status_code == 200, response.text
+        return int(response.json()["generation"])
+
+    async def generation(self, gateway_id: str) -> int:
+        response = await self.admin.get(f"/v1/gateways/{gateway_id}")
+        assert response.status_code == 200, response.text
+        return int(response.json()["generation"])
+
+    async def generations(self, *gateway_ids: str) -> list[int]:
+        return [await self.generation(g) for g in gateway_ids]
+
+    async def inventory(self, gateway_id: str, credential: str) -> dict:
+        async with self.cp.gateway(credential) as client:
+            response = await client.get(f"/v1/gateways/{gateway_id}/config")
+        assert response.status_code == 200, response.text
+        return response.json()
+
+
+@pytest.fixture
+async def api(cp: RunningCP, admin: httpx.AsyncClient) -> Api:
+    return Api(cp, admin)

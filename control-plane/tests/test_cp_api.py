@@ -1,0 +1,229 @@
+"""CP HTTP API: CRUD, admin and gateway credentials, problem bodies, and errors that change nothing."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from stoa_harness.postgres import EmbeddedPostgres
+
+PROBLEM = "application/problem+json"
+
+
+def problem_fields(response: httpx.Response) -> list[str]:
+    assert response.headers["content-type"].startswith(PROBLEM), response.text
+    return [error["field"] for error in response.json()["errors"]]
+
+
+async def test_health_and_openapi(cp) -> None:
+    async with httpx.AsyncClient(base_url=cp.url) as client:
+        assert (await client.get("/health/live")).status_code == 200
+        assert (await client.get("/health/ready")).json() == {"status": "ready"}
+        paths = (await client.get("/openapi.json")).json()["paths"]
+    for path in (
+        "/v1/tenants",
+        "/v1/tenants/{tenant_id}/apis/{api_id}",
+        "/v1/gateways/{gateway_id}/deployments/{api_id}",
+        "/v1/gateways/{gateway_id}/config",
+        "/v1/gateways/{gateway_id}/events",
+        "/v1/gateways/{gateway_id}/sync-reports",
+        "/v1/gateways/{gateway_id}/status",
+        "/v1/tenants/{tenant_id}/policies/{policy_id}",
+        "/v1/gateways/{gateway_id}/policies/{policy_id}",
+        "/v1/tenants/{tenant_id}/issuers/{issuer_id}/refresh",
+    ):
+        assert path in paths
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong-token", "Basic dGVzdDp0ZXN0"])
+async def test_admin_endpoints_refuse_without_the_admin_token(cp, authorization) -> None:
+    headers = {"authorization": authorization} if authorization else {}
+    async with httpx.AsyncClient(base_url=cp.url, headers=headers) as client:
+        response = await client.post("/v1/tenants", json={"tenant_id": "sneaky", "name": "x"})
+        assert response.status_code == 401
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert problem_fields(response) == ["authorization"]
+    async with cp.admin() as admin:
+        tenants = (await admin.get("/v1/tenants")).json()
+    assert "sneaky" not in [t["tenant_id"] for t in tenants]
+
+
+async def test_api_crud_with_defaults(api) -> None:
+    tenant_id = await api.tenant()
+    api_id = api.uid("orders")
+    created = await api.admin.post(
+        f"/v1/tenants/{tenant_id}/apis",
+        json={
+            "api_id": api_id,
+            "name": "Orders",
+            "upstream_url": "https://orders.internal:8443/base",
+            "methods": ["get", "POST"],
+        },
+    )
+    assert created.status_code == 201, created.text
+    body = created.json()
+    assert body["path_prefix"] == f"/apis/{api_id}"
+    assert body["methods"] == ["GET", "POST"]
+    assert body["auth"] == {"mode": "jwt", "scopes": []}
+    assert body["timeout_ms"] is None
+
+    update = {
+        "name": "Orders v2",
+        "upstream_url": "http://127.0.0.1:9001",
+        "path_prefix": "/orders",
+        "methods": ["GET"],
+        "timeout_ms": 2500,
+        "auth": {"mode": "none"},
+    }
+    updated = await api.admin.put(f"/v1/tenants/{tenant_id}/apis/{api_id}", json=update)
+    assert updated.status_code == 200, updated.text
+    got = (await api.admin.get(f"/v1/tenants/{tenant_id}/apis/{api_id}")).json()
+    assert (got["name"], got["path_prefix"], got["timeout_ms"], got["auth"]["mode"]) == (
+        "Orders v2",
+        "/orders",
+        2500,
+        "none",
+    )
+    listed = (await api.admin.get(f"/v1/tenants/{tenant_id}/apis")).json()
+    assert [a["api_id"] for a in listed] == [api_id]
+
+    assert (await api.admin.delete(f"/v1/tenants/{tenant_id}/apis/{api_id}")).status_code == 204
+    gone = await api.admin.get(f"/v1/tenants/{tenant_id}/apis/{api_id}")
+    assert gone.status_code == 404
+    assert problem_fields(gone) == ["api_id"]
+
+
+async def test_duplicates_are_conflicts_naming_the_id(api) -> None:
+    tenant_id = await api.tenant()
+    other_tenant = await api.tenant()
+    api_id = await api.new_api(tenant_id)
+    gateway_id, _ = await api.gateway()
+    cases = [
+        ("/v1/tenants", {"tenant_id": tenant_id, "name": "again"}, "tenant_id"),
+        ("/v1/gateways", {"gateway_id": gateway_id, "name": "again"}, "gateway_id"),
+        # api_id is unique across tenants
+        (
+            f"/v1/tenants/{other_tenant}/apis",
+            {"api_id": api_id, "name": "x", "upstream_url": "http://127.0.0.1:1", "methods": ["GET"]},
+            "api_id",
+        ),
+        (
+            f"/v1/tenants/{other_tenant}/apis",
+            {
+                "api_id": api.uid("a"),
+                "name": "x",
+                "upstream_url": "http://127.0.0.1:1",
+                "methods": ["GET"],
+                "path_prefix": f"/apis/{api_id}",
+            },
+            "path_prefix",
+        ),
+    ]
+    for path, body, field in cases:
+        response = await api.admin.post(path, json=body)
+        assert response.status_code == 409, (path, response.text)
+        assert problem_fields(response) == [field]
+    assert (await api.admin.get(f"/v1/tenants/{other_tenant}/apis")).json() == []
+
+
+BAD_APIS = [
+    ({"upstream_url": "ftp://host/x"}, "upstream_url"),
+    ({"upstream_url": "not a url"}, "upstream_url"),
+    ({"upstream_url": "http://user:pw@host"}, "upstream_url"),
+    ({"upstream_url": "http://host:99999"}, "upstream_url"),
+    ({"methods": ["FETCH"]}, "methods"),
+    ({"methods": []}, "methods"),
+    ({"path_prefix": "no-slash"}, "path_prefix"),
+    ({"path_prefix": "/a/../b"}, "path_prefix"),
+    ({"api_id": "bad id!"}, "api_id"),
+    ({"timeout_ms": 0}, "timeout_ms"),
+    ({"auth": {"mode": "basic"}}, "auth.mode"),
+    ({"auth": {"mode": "jwt", "scopes": ["has space"]}}, "auth.scopes"),
+    ({"surprise": 1}, "surprise"),
+]
+
+
+@pytest.mark.parametrize(("override", "field"), BAD_APIS)
+async def test_bad_api_input_is_422_naming_the_field_and_changes_nothing(api, override, field) -> None:
+    tenant_id = await api.tenant()
+    body = {"api_id": api.uid("a"), "name": "x", "upstream_url": "http://127.0.0.1:1", "methods": ["GET"]}
+    body.update(override)
+    response = await api.admin.post(f"/v1/tenants/{tenant_id}/apis", json=body)
+    assert response.status_code == 422, response.text
+    assert field in problem_fields(response)
+    assert (await api.admin.get(f"/v1/tenants/{tenant_id}/apis")).json() == []
+
+
+async def test_missing_fields_are_each_named(api) -> None:
+    tenant_id = await api.tenant()
+    response = await api.admin.post(f"/v1/tenants/{tenant_id}/apis", json={"api_id": api.uid("a")})
+    assert response.status_code == 422
+    assert set(problem_fields(response)) == {"name", "upstream_url", "methods"}
+
+
+async def test_unknown_tenant_is_404_naming_tenant_id(api) -> None:
+    body = {"api_id": api.uid("a"), "name": "x", "upstream_url": "http://127.0.0.1:1", "methods": ["GET"]}
+    response = await api.admin.post("/v1/tenants/nobody/apis", json=body)
+    assert response.status_code == 404
+    assert problem_fields(response) == ["tenant_id"]
+    assert (await api.admin.get("/v1/tenants/nobody/apis")).status_code == 404
+
+
+async def test_api_of_another_tenant_is_not_found(api) -> None:
+    owner, stranger = await api.tenant(), await api.tenant()
+    api_id = await api.new_api(owner)
+    update = {"name": "x", "upstream_url": "http://127.0.0.1:2", "methods": ["GET"]}
+    assert (await api.admin.put(f"/v1/tenants/{stranger}/apis/{api_id}", json=update)).status_code == 404
+    assert (await api.admin.delete(f"/v1/tenants/{stranger}/apis/{api_id}")).status_code == 404
+    got = (await api.admin.get(f"/v1/tenants/{owner}/apis/{api_id}")).json()
+    assert got["upstream_url"] == "http://127.0.0.1:9000"
+
+
+async def test_gateway_credential_is_shown_once_and_checked(api) -> None:
+    gateway_id, credential = await api.gateway()
+    other_id, other_credential = await api.gateway()
+    listed = (await api.admin.get("/v1/gateways")).json()
+    assert all("credential" not in g for g in listed)
+
+    report = {"gateway_id": gateway_id, "generation": 1, "status": "SYNCED", "snapshot_version": "v1"}
+    endpoints = [
+        ("GET", f"/v1/gateways/{gateway_id}/config", None),
+        ("GET", f"/v1/gateways/{gateway_id}/events", None),
+        ("POST", f"/v1/gateways/{gateway_id}/sync-reports", report),
+    ]
+    expectations = [(None, 401), ("not-a-credential", 401), ("ADMIN", 401), (other_credential, 403)]
+    async with httpx.AsyncClient(base_url=api.cp.url, timeout=5) as client:
+        for method, path, body in endpoints:
+            for presented, status in expectations:
+                token = "test-admin-token" if presented == "ADMIN" else presented
+                headers = {"authorization": f"Bearer {token}"} if token else {}
+                response = await client.request(method, path, json=body, headers=headers)
+                assert response.status_code == status, (method, path, presented, response.text)
+                assert problem_fields(response) == ["authorization"]
+        # An unknown gateway with a valid credential of another gateway: 403, never a hint of existence.
+        response = await client.get(
+            "/v1/gateways/nope/config", headers={"authorization": f"Bearer {credential}"}
+        )
+        assert response.status_code == 403
+    status = (await api.admin.get(f"/v1/gateways/{gateway_id}/status")).json()
+    assert status["last_report"] is None
+    assert status["state"] == "PENDING"
+    assert other_id != gateway_id
+    inventory = await api.inventory(gateway_id, credential)
+    assert inventory["gateway_id"] == gateway_id
+    assert inventory["generation"] == "1"
+
+
+async def test_ready_is_503_when_the_database_is_unreachable(cp_factory, api) -> None:
+    with EmbeddedPostgres() as own_pg:
+        doomed = await cp_factory(dsn=own_pg.dsn)
+        async with httpx.AsyncClient(base_url=doomed.url, timeout=5) as client:
+            assert (await client.get("/health/ready")).status_code == 200
+            own_pg.stop()
+
+            async def not_ready() -> bool:
+                return (await client.get("/health/ready")).status_code == 503
+
+            await api.wait_for(not_ready, 15, "readiness to report the database down")
+            response = await client.get("/health/ready")
+            assert response.json()["errors"][0]["field"] == "database"
+            assert (await client.get("/health/live")).status_code == 200

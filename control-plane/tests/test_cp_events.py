@@ -1,0 +1,220 @@
+"""SSE delivery: event `inventory` with id = generation and the same JSON as /config, resume with
+Last-Event-ID, keep-alive comments, and fan-out across CP processes through LISTEN/NOTIFY."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+
+@dataclass
+class Event:
+    event: str = ""
+    id: str = ""
+    data: str = ""
+    comments: list[str] = field(default_factory=list)
+
+
+class SseReader:
+    """A minimal text/event-stream reader that also surfaces comments (keep-alives)."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.lines = response.aiter_lines()
+        self.comments: list[str] = []
+
+    async def next_event(self, within: float = 10) -> Event:
+        async def read() -> Event:
+            current = Event()
+            data: list[str] = []
+            async for line in self.lines:
+                if line == "":
+                    if data or current.event:
+                        current.data = "\n".join(data)
+                        return current
+                    continue
+                if line.startswith(":"):
+                    self.comments.append(line)
+                    continue
+                name, _, value = line.partition(":")
+                value = value.removeprefix(" ")
+                if name == "event":
+                    current.event = value
+                elif name == "id":
+                    current.id = value
+                elif name == "data":
+                    data.append(value)
+            raise AssertionError("stream ended")
+
+        return await asyncio.wait_for(read(), within)
+
+    async def comment(self, within: float) -> str:
+        async def read() -> str:
+            async for line in self.lines:
+                if line.startswith(":"):
+                    return line
+            raise AssertionError("stream ended")
+
+        return await asyncio.wait_for(read(), within)
+
+
+@contextlib.asynccontextmanager
+async def stream(
+    base_url: str, gateway_id: str, credential: str, last_id: str | None = None
+) -> AsyncIterator[SseReader]:
+    headers = {"authorization": f"Bearer {credential}", "accept": "text/event-stream"}
+    if last_id is not None:
+        headers["last-event-id"] = last_id
+    async with (
+        httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(10, read=30)) as client,
+        client.stream("GET", f"/v1/gateways/{gateway_id}/events", headers=headers) as response,
+    ):
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        yield SseReader(response)
+
+
+async def test_stream_sends_current_then_each_change_with_config_json(api) -> None:
+    tenant_id = await api.tenant()
+    gateway_id, credential = await api.gateway()
+    async with stream(api.cp.url, gateway_id, credential) as sse:
+        first = await sse.next_event()
+        assert (first.event, first.id) == ("inventory", "1")
+        assert json.loads(first.data) == await api.inventory(gateway_id, credential)
+
+        api_id = await api.new_api(tenant_id)
+        generation = await api.deploy(gateway_id, api_id)
+        second = await sse.next_event()
+        assert second.id == str(generation) == "2"
+        doc = json.loads(second.data)
+        assert doc == await api.inventory(gateway_id, credential)
+        assert [r["route_id"] for r in doc["routes"]] == [api_id]
+
+        # A change on another gateway is not streamed here; the next event is this gateway's next change.
+        other, _ = await api.gateway()
+        await api.deploy(other, api_id)
+        await api.admin.delete(f"/v1/gateways/{gateway_id}/deployments/{api_id}")
+        third = await sse.next_event()
+        assert third.id == "3"
+        assert json.loads(third.data)["tombstones"] == [{"route_id": api_id, "generation": "3"}]
+
+
+async def test_resume_with_last_event_id_sends_only_newer_generations(api) -> None:
+    tenant_id = await api.tenant()
+    gateway_id, credential = await api.gateway()
+    api_id = await api.new_api(tenant_id)
+    await api.deploy(gateway_id, api_id)  # generation 2
+
+    async with stream(api.cp.url, gateway_id, credential, last_id="1") as sse:
+        assert (await sse.next_event()).id == "2"
+
+    async with stream(api.cp.url, gateway_id, credential, last_id="2") as sse:
+        # Nothing above 2 yet: only keep-alive comments until the next change.
+        assert (await sse.comment(within=5)).startswith(":")
+        await api.admin.delete(f"/v1/gateways/{gateway_id}/deployments/{api_id}")
+        event = await sse.next_event()
+        assert event.id == "3"
+        assert json.loads(event.data)["generation"] == "3"
+
+    async with httpx.AsyncClient(base_url=api.cp.url) as client:
+        bad = await client.get(
+            f"/v1/gateways/{gateway_id}/events",
+            headers={"authorization": f"Bearer {credential}", "last-event-id": "abc"},
+        )
+    assert bad.status_code == 422
+    assert bad.json()["errors"][0]["field"] == "Last-Event-ID"
+
+
+async def test_several_changes_while_away_resume_with_the_latest_complete_state(api) -> None:
+    tenant_id = await api.tenant()
+    gateway_id, credential = await api.gateway()
+    apis = [await api.new_api(tenant_id) for _ in range(3)]
+    for api_id in apis:
+        await api.deploy(gateway_id, api_id)  # generations 2, 3, 4
+    async with stream(api.cp.url, gateway_id, credential, last_id="2") as sse:
+        event = await sse.next_event()
+    assert event.id == "4"
+    assert sorted(r["route_id"] for r in json.loads(event.data)["routes"]) == sorted(apis)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start_cp_process(dsn: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    env = {
+        **os.environ,
+        "STOA_CP_DATABASE_URL": dsn,
+        "STOA_CP_ADMIN_TOKENS": "test-admin-token,other",
+        "STOA_CP_HOST": "127.0.0.1",
+        "STOA_CP_PORT": str(port),
+        "STOA_CP_SSE_PING_S": "1",
+        "STOA_CP_LOG_LEVEL": "warning",
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "stoa_cp"], env=env)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def _wait_ready(proc: subprocess.Popen[bytes], url: str) -> None:
+    deadline = time.monotonic() + 30
+    async with httpx.AsyncClient(base_url=url, timeout=2) as client:
+        while True:
+            assert proc.poll() is None, "CP process exited during start-up"
+            with contextlib.suppress(httpx.TransportError):
+                if (await client.get("/health/ready")).status_code == 200:
+                    return
+            assert time.monotonic() < deadline, f"CP at {url} not ready"
+            await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def two_cps(pg) -> AsyncIterator[tuple[str, str]]:
+    dsn = pg.create_database(f"cp_fanout_{os.getpid()}")
+    started = [_start_cp_process(dsn) for _ in range(2)]
+    try:
+        for proc, url in started:
+            await _wait_ready(proc, url)
+        yield started[0][1], started[1][1]
+    finally:
+        for proc, _ in started:
+            proc.terminate()
+        for proc, _ in started:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def test_two_cp_processes_share_changes_through_postgres(two_cps) -> None:
+    url_a, url_b = two_cps
+    admin = {"authorization": "Bearer test-admin-token"}
+    async with httpx.AsyncClient(base_url=url_a, headers=admin, timeout=10) as a:
+        assert (await a.post("/v1/tenants", json={"tenant_id": "fan", "name": "Fan"})).status_code == 201
+        created = (await a.post("/v1/gateways", json={"gateway_id": "gw-fan", "name": "G"})).json()
+        credential = created["credential"]
+        body = {"api_id": "fan-api", "name": "x", "upstream_url": "http://127.0.0.1:9", "methods": ["GET"]}
+        assert (await a.post("/v1/tenants/fan/apis", json=body)).status_code == 201
+
+        async with stream(url_b, "gw-fan", credential) as sse:
+            assert (await sse.next_event()).id == "1"
+            # The change goes through process A; process B streams it.
+            assert (await a.put("/v1/gateways/gw-fan/deployments/fan-api")).status_code == 200
+            event = await sse.next_event(within=10)
+            assert event.id == "2"
+            assert [r["route_id"] for r in json.loads(event.data)["routes"]] == ["fan-api"]
+            # And the keep-alive comment interval comes from the settings (1 s here).
+            assert (await sse.comment(within=5)).startswith(":")

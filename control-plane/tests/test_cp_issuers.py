@@ -1,0 +1,237 @@
+"""Trusted issuers: JWKS validation, fetch of a jwks_uri from a loopback server, refresh (on demand and
+in the background) and the generation bumps a key change causes."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from joserfc.jwk import ECKey, OKPKey, RSAKey
+
+
+def public_jwk(kid: str) -> dict:
+    key = OKPKey.generate_key("Ed25519")
+    return {**key.as_dict(private=False), "kid": kid}
+
+
+class JwksServer:
+    """Loopback JWKS endpoint whose document (or failure) a test sets."""
+
+    def __init__(self) -> None:
+        self.document: object = {"keys": [public_jwk("k1")]}
+        self.status = 200
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = json.dumps(owner.document).encode()
+                self.send_response(owner.status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/jwks.json"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def jwks_server() -> Iterator[JwksServer]:
+    server = JwksServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+async def tenant_on_gateway(api) -> tuple[str, str, str]:
+    tenant_id = await api.tenant()
+    gateway_id, credential = await api.gateway()
+    await api.deploy(gateway_id, await api.new_api(tenant_id))
+    return tenant_id, gateway_id, credential
+
+
+async def test_issuer_from_jwks_uri_is_fetched_shipped_and_refreshed(
+    api, jwks_server, tenant_on_gateway
+) -> None:
+    tenant_id, gateway_id, credential = tenant_on_gateway
+    idle_gateway, _ = await api.gateway()
+    before = await api.generation(gateway_id)
+    issuer = "http://127.0.0.1/idp"
+    created = await api.admin.post(
+        f"/v1/tenants/{tenant_id}/issuers", json={"issuer": issuer, "jwks_uri": jwks_server.url}
+    )
+    assert created.status_code == 201, created.text
+    issuer_id = created.json()["issuer_id"]
+    assert created.json()["jwks"] == jwks_server.document
+    assert await api.generation(gateway_id) == before + 1
+    assert await api.generation(idle_gateway) == 1
+
+    inv = await api.inventory(gateway_id, credential)
+    assert [(i["tenant_id"], i["issuer"], i["jwks_uri"]) for i in inv["issuers"]] == [
+        (tenant_id, issuer, jwks_server.url)
+    ]
+    assert json.loads(inv["issuers"][0]["jwks_json"]) == jwks_server.document
+
+    # Same keys: refresh changes nothing.
+    same = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers/{issuer_id}/refresh")
+    assert same.status_code == 200
+    assert same.json()["changed"] is False
+    assert await api.generation(gateway_id) == before + 1
+
+    # The IdP rotates: refresh ships the new keys in one new generation.
+    jwks_server.document = {"keys": [public_jwk("k2"), jwks_server.document["keys"][0]]}
+    rotated = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers/{issuer_id}/refresh")
+    assert rotated.status_code == 200
+    assert rotated.json()["changed"] is True
+    assert await api.generation(gateway_id) == before + 2
+    inv = await api.inventory(gateway_id, credential)
+    assert [k["kid"] for k in json.loads(inv["issuers"][0]["jwks_json"])["keys"]] == ["k2", "k1"]
+
+    # The IdP fails: 502 naming jwks_uri, previous keys stay in force.
+    jwks_server.status = 500
+    failed = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers/{issuer_id}/refresh")
+    assert failed.status_code == 502
+    assert failed.json()["errors"][0]["field"] == "jwks_uri"
+    assert await api.generation(gateway_id) == before + 2
+    listed = (await api.admin.get(f"/v1/tenants/{tenant_id}/issuers")).json()
+    assert [k["kid"] for k in listed[0]["jwks"]["keys"]] == ["k2", "k1"]
+    assert "500" in listed[0]["last_error"]
+
+    assert (await api.admin.delete(f"/v1/tenants/{tenant_id}/issuers/{issuer_id}")).status_code == 204
+    assert await api.generation(gateway_id) == before + 3
+    assert (await api.inventory(gateway_id, credential))["issuers"] == []
+
+
+async def test_inline_jwks_and_duplicates(api, tenant_on_gateway) -> None:
+    tenant_id, _, _ = tenant_on_gateway
+    rsa = {**RSAKey.generate_key(2048).as_dict(private=False), "kid": "r1"}
+    ec = {**ECKey.generate_key("P-256").as_dict(private=False), "kid": "e1"}
+    body = {"issuer": "https://idp.example.com", "jwks": {"keys": [rsa, ec]}}
+    created = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers", json=body)
+    assert created.status_code == 201, created.text
+    assert created.json()["jwks_uri"] is None
+    dup = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers", json=body)
+    assert dup.status_code == 409
+    assert dup.json()["errors"][0]["field"] == "issuer"
+    no_uri = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers/{created.json()['issuer_id']}/refresh")
+    assert no_uri.status_code == 409
+    assert no_uri.json()["errors"][0]["field"] == "jwks_uri"
+
+
+def _private_rsa() -> dict:
+    return {**RSAKey.generate_key(2048).as_dict(private=True), "kid": "p1"}
+
+
+BAD_ISSUERS = [
+    ({"issuer": "https://i.example", "jwks": {"keys": [_private_rsa()]}}, "jwks.keys[0].d"),
+    (
+        {"issuer": "https://i.example", "jwks": {"keys": [{"kty": "oct", "kid": "s", "k": "c2VjcmV0"}]}},
+        "jwks.keys[0].kty",
+    ),
+    (
+        {"issuer": "https://i.example", "jwks": {"keys": [{"kty": "RSA", "n": "abc", "e": "AQAB"}]}},
+        "jwks.keys[0].kid",
+    ),
+    (
+        {"issuer": "https://i.example", "jwks": {"keys": [{"kty": "RSA", "kid": "x", "n": "!!"}]}},
+        "jwks.keys[0]",
+    ),
+    ({"issuer": "https://i.example", "jwks": {"keys": []}}, "jwks.keys"),
+    (
+        {"issuer": "https://i.example", "jwks": {"keys": [public_jwk("a"), public_jwk("a")]}},
+        "jwks.keys[1].kid",
+    ),
+    ({"issuer": "https://i.example"}, "jwks_uri"),
+    (
+        {"issuer": "https://i.example", "jwks": {"keys": [public_jwk("a")]}, "jwks_uri": "https://x/j"},
+        "jwks_uri",
+    ),
+    ({"issuer": "not-a-url", "jwks": {"keys": [public_jwk("a")]}}, "issuer"),
+    ({"issuer": "https://i.example", "jwks_uri": "ftp://x/j"}, "jwks_uri"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), BAD_ISSUERS)
+async def test_bad_issuer_is_422_naming_the_field_and_stores_nothing(
+    api, tenant_on_gateway, body, field
+) -> None:
+    tenant_id, gateway_id, _ = tenant_on_gateway
+    before = await api.generation(gateway_id)
+    response = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers", json=body)
+    assert response.status_code == 422, response.text
+    assert [e["field"] for e in response.json()["errors"]] == [field]
+    assert (await api.admin.get(f"/v1/tenants/{tenant_id}/issuers")).json() == []
+    assert await api.generation(gateway_id) == before
+
+
+@pytest.mark.parametrize("failure", ["http_404", "not_json", "private_key", "unreachable"])
+async def test_unusable_jwks_uri_is_422_and_stores_nothing(
+    api, jwks_server, tenant_on_gateway, failure
+) -> None:
+    tenant_id, gateway_id, _ = tenant_on_gateway
+    url = jwks_server.url
+    if failure == "http_404":
+        jwks_server.status = 404
+    elif failure == "not_json":
+        jwks_server.document = "<html>"
+    elif failure == "private_key":
+        jwks_server.document = {"keys": [_private_rsa()]}
+    else:
+        jwks_server.close()
+    before = await api.generation(gateway_id)
+    response = await api.admin.post(
+        f"/v1/tenants/{tenant_id}/issuers", json={"issuer": "https://i.example", "jwks_uri": url}
+    )
+    assert response.status_code == 422, response.text
+    assert [e["field"] for e in response.json()["errors"]] == ["jwks_uri"]
+    assert (await api.admin.get(f"/v1/tenants/{tenant_id}/issuers")).json() == []
+    assert await api.generation(gateway_id) == before
+
+
+async def test_background_refresh_ships_rotated_keys(cp_factory, api, jwks_server) -> None:
+    fast = await cp_factory(jwks_refresh_s=0.2)
+    async with fast.admin() as admin:
+        assert (await admin.post("/v1/tenants", json={"tenant_id": "rot", "name": "R"})).status_code == 201
+        gateway = (await admin.post("/v1/gateways", json={"gateway_id": "gw-rot", "name": "G"})).json()
+        body = {"api_id": "rot-api", "name": "x", "upstream_url": "http://127.0.0.1:9", "methods": ["GET"]}
+        assert (await admin.post("/v1/tenants/rot/apis", json=body)).status_code == 201
+        assert (await admin.put("/v1/gateways/gw-rot/deployments/rot-api")).status_code == 200
+        issuer = {"issuer": "http://127.0.0.1/rot", "jwks_uri": jwks_server.url}
+        assert (await admin.post("/v1/tenants/rot/issuers", json=issuer)).status_code == 201
+
+        async def generation() -> int:
+            return int((await admin.get("/v1/gateways/gw-rot")).json()["generation"])
+
+        settled = await generation()
+        assert settled == 3
+        jwks_server.document = {"keys": [public_jwk("rotated")]}
+
+        async def bumped() -> bool:
+            return await generation() == settled + 1
+
+        await api.wait_for(bumped, 10, "the background refresh to publish the rotated keys")
+        async with fast.gateway(gateway["credential"]) as link:
+            inv = (await link.get("/v1/gateways/gw-rot/config")).json()
+        assert [k["kid"] for k in json.loads(inv["issuers"][0]["jwks_json"])["keys"]] == ["rotated"]
+
+        # Unchanged keys on later rounds publish nothing new.
+        async def refreshed_again() -> bool:
+            listed = (await admin.get("/v1/tenants/rot/issuers")).json()
+            return listed[0]["fetched_at"] != fetched_at
+
+        fetched_at = (await admin.get("/v1/tenants/rot/issuers")).json()[0]["fetched_at"]
+        await api.wait_for(refreshed_again, 10, "another background refresh round")
+        assert await generation() == settled + 1

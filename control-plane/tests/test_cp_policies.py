@@ -1,0 +1,243 @@
+"""Policies: config validation of the supported types, storage of the others, attribution
+(`applicable`) per scope, and which gateways a policy change bumps."""
+
+from __future__ import annotations
+
+import pytest
+
+CORS = {
+    "allowedOrigins": ["https://app.example.com", "https://*.example.com"],
+    "allowedMethods": ["GET"],
+    "allowedHeaders": ["authorization"],
+    "exposeHeaders": ["x-request-id"],
+    "maxAge": 600,
+    "allowCredentials": True,
+}
+
+BAD_CONFIGS = [
+    ("cors", {"allowedOrigins": []}, "config.allowedOrigins"),
+    ("cors", {"allowedOrigins": ["example.com"]}, "config.allowedOrigins[0]"),
+    ("cors", {"allowedOrigins": ["https://a.example.com/path"]}, "config.allowedOrigins[0]"),
+    ("cors", {"allowedOrigins": ["*"], "allowCredentials": True}, "config.allowCredentials"),
+    ("cors", {"allowedOrigins": ["*"], "allowCredentials": "yes"}, "config.allowCredentials"),
+    ("cors", {"allowedOrigins": ["*"], "maxAge": -1}, "config.maxAge"),
+    ("cors", {"allowedOrigins": ["*"], "allowedMethods": ["FETCH"]}, "config.allowedMethods[0]"),
+    ("cors", {"allowedOrigins": ["*"], "exposeHeaders": ["bad header"]}, "config.exposeHeaders[0]"),
+    ("cors", {"allowedOrigins": ["*"], "allowOrigin": "*"}, "config.allowOrigin"),
+    ("rate_limit", {"maxRequests": 0, "intervalSeconds": 1}, "config.maxRequests"),
+    ("rate_limit", {"maxRequests": 5, "intervalSeconds": 1.5}, "config.intervalSeconds"),
+    ("rate_limit", {"maxRequests": 5}, "config.intervalSeconds"),
+    ("ip_filter", {"mode": "block", "ip_list": ["10.0.0.0/8"]}, "config.mode"),
+    ("ip_filter", {"mode": "allow", "ip_list": ["10.0.0.300"]}, "config.ip_list[0]"),
+    ("ip_filter", {"mode": "deny", "ip_list": ["::1", "10.0.0.1/8"]}, "config.ip_list[1]"),
+    ("ip_filter", {"mode": "deny", "ip_list": []}, "config.ip_list"),
+]
+
+
+@pytest.mark.parametrize(("policy_type", "config", "field"), BAD_CONFIGS)
+async def test_bad_config_is_422_naming_the_field_and_changes_nothing(
+    api, policy_type, config, field
+) -> None:
+    tenant_id = await api.tenant()
+    gateway_id, _ = await api.gateway()
+    await api.deploy(gateway_id, await api.new_api(tenant_id))
+    before = await api.generation(gateway_id)
+    body = {"policy_id": api.uid("p"), "type": policy_type, "config": config, "scope": "tenant"}
+    response = await api.admin.post(f"/v1/tenants/{tenant_id}/policies", json=body)
+    assert response.status_code == 422, response.text
+    assert [e["field"] for e in response.json()["errors"]] == [field]
+    gw_body = {"policy_id": api.uid("p"), "type": policy_type, "config": config}
+    assert (await api.admin.post(f"/v1/gateways/{gateway_id}/policies", json=gw_body)).status_code == 422
+    assert (await api.admin.get(f"/v1/tenants/{tenant_id}/policies")).json() == []
+    assert await api.generation(gateway_id) == before
+
+
+@pytest.mark.parametrize(
+    ("policy_type", "config"),
+    [
+        ("cors", CORS),
+        ("rate_limit", {"maxRequests": 10, "intervalSeconds": 60}),
+        ("ip_filter", {"mode": "allow", "ip_list": ["127.0.0.1", "10.0.0.0/8", "2001:db8::/32", "::1"]}),
+        ("jwt_validation", {"issuer": "x"}),
+        ("logging", {}),
+        ("caching", {"ttl": 5}),
+        ("transform", {"a": [1]}),
+        ("oidc", {}),
+        ("something_new", {"k": "v"}),
+    ],
+)
+async def test_supported_and_other_types_are_stored_as_given(api, policy_type, config) -> None:
+    tenant_id = await api.tenant()
+    policy_id = api.uid("p")
+    body = {"policy_id": policy_id, "type": policy_type, "config": config, "scope": "tenant"}
+    created = await api.admin.post(f"/v1/tenants/{tenant_id}/policies", json=body)
+    assert created.status_code == 201, created.text
+    got = (await api.admin.get(f"/v1/tenants/{tenant_id}/policies/{policy_id}")).json()
+    assert (got["type"], got["config"], got["scope"], got["tenant_id"]) == (
+        policy_type,
+        config,
+        "tenant",
+        tenant_id,
+    )
+
+
+async def test_policy_shape_errors(api) -> None:
+    tenant_id = await api.tenant()
+    foreign = await api.tenant()
+    foreign_api = await api.new_api(foreign)
+    base = {"type": "rate_limit", "config": {"maxRequests": 1, "intervalSeconds": 1}}
+    cases = [
+        ({**base, "scope": "tenant", "targets": ["x"]}, "targets", 422),
+        ({**base, "scope": "api", "targets": [foreign_api]}, "targets[0]", 422),
+        ({**base, "scope": "gateway"}, "scope", 422),
+        ({**base, "scope": "api", "config": []}, "config", 422),
+        ({"scope": "tenant", "config": {}}, "type", 422),
+    ]
+    for body, field, status in cases:
+        response = await api.admin.post(
+            f"/v1/tenants/{tenant_id}/policies", json={"policy_id": api.uid("p"), **body}
+        )
+        assert response.status_code == status, (body, response.text)
+        assert field in [e["field"] for e in response.json()["errors"]], response.text
+    policy_id = api.uid("p")
+    ok = {"policy_id": policy_id, **base, "scope": "tenant"}
+    assert (await api.admin.post(f"/v1/tenants/{tenant_id}/policies", json=ok)).status_code == 201
+    dup = await api.admin.post(f"/v1/tenants/{foreign}/policies", json=ok)
+    assert dup.status_code == 409
+    assert dup.json()["errors"][0]["field"] == "policy_id"
+    unknown = await api.admin.post("/v1/tenants/nobody/policies", json={**ok, "policy_id": api.uid("p")})
+    assert unknown.status_code == 404
+    assert unknown.json()["errors"][0]["field"] == "tenant_id"
+    assert (await api.admin.get(f"/v1/tenants/{foreign}/policies/{policy_id}")).status_code == 404
+
+
+@pytest.fixture
+async def layout(api) -> dict:
+    """Tenants A (apis a1, a2, a3) and B (b1); g1 serves a1, a2, b1; g2 serves a1; g3 serves b1;
+    g4 serves nothing. a3 is deployed nowhere."""
+    ta, tb = await api.tenant(), await api.tenant()
+    ids = {"ta": ta, "tb": tb}
+    for name, tenant in (("a1", ta), ("a2", ta), ("a3", ta), ("b1", tb)):
+        ids[name] = await api.new_api(tenant, api_id=api.uid(name))
+    creds = {}
+    for g in ("g1", "g2", "g3", "g4"):
+        ids[g], creds[g] = await api.gateway()
+    for g, apis in (("g1", ("a1", "a2", "b1")), ("g2", ("a1",)), ("g3", ("b1",))):
+        for a in apis:
+            await api.deploy(ids[g], ids[a])
+    ids["creds"] = creds
+    return ids
+
+
+# (how the policy is created, {gateway: applicable api names, or None when not listed})
+ATTRIBUTION = [
+    ("tenant A", {"g1": ["a1", "a2"], "g2": ["a1"], "g3": None, "g4": None}),
+    ("api A [a2]", {"g1": ["a2"], "g2": [], "g3": None, "g4": None}),
+    ("api A [a1, a3]", {"g1": ["a1"], "g2": ["a1"], "g3": None, "g4": None}),
+    ("api A []", {"g1": [], "g2": [], "g3": None, "g4": None}),
+    ("tenant B", {"g1": ["b1"], "g2": None, "g3": ["b1"], "g4": None}),
+    ("gateway g1", {"g1": ["a1", "a2", "b1"], "g2": None, "g3": None, "g4": None}),
+    ("gateway g4", {"g1": None, "g2": None, "g3": None, "g4": []}),
+]
+
+
+@pytest.mark.parametrize(("how", "expected"), ATTRIBUTION)
+async def test_attribution_and_reach(api, layout, how, expected) -> None:
+    kind, _, rest = how.partition(" ")
+    owner, _, targets = rest.partition(" ")
+    policy_id = api.uid("p")
+    gateways = ("g1", "g2", "g3", "g4")
+    before = await api.generations(*(layout[g] for g in gateways))
+    config = {"maxRequests": 5, "intervalSeconds": 1}
+    if kind == "gateway":
+        path = f"/v1/gateways/{layout[owner]}/policies"
+        body = {"policy_id": policy_id, "type": "rate_limit", "config": config}
+    else:
+        path = f"/v1/tenants/{layout['t' + owner.lower()]}/policies"
+        names = [n for n in targets.strip("[]").split(", ") if n]
+        body = {
+            "policy_id": policy_id,
+            "type": "rate_limit",
+            "config": config,
+            "scope": kind,
+            "targets": [layout[n] for n in names],
+        }
+    created = await api.admin.post(path, json=body)
+    assert created.status_code == 201, created.text
+
+    after = await api.generations(*(layout[g] for g in gateways))
+    for g, b, a in zip(gateways, before, after, strict=True):
+        # Exactly the gateways whose inventory lists the policy got one new generation.
+        assert a == b + (0 if expected[g] is None else 1), g
+        inv = await api.inventory(layout[g], layout["creds"][g])
+        listed = [p for p in inv["policies"] if p["policy_id"] == policy_id]
+        if expected[g] is None:
+            assert listed == [], g
+            continue
+        (policy,) = listed
+        assert policy["applicable"] == sorted(layout[n] for n in expected[g]), g
+        assert policy["scope"] == kind
+        assert policy["targets"] == sorted(body.get("targets", []))
+        assert policy["tenant_id"] == ("" if kind == "gateway" else layout["t" + owner.lower()])
+        assert policy["config"] == config
+
+    # Delete bumps the same gateways once more.
+    delete_path = f"{path}/{policy_id}"
+    assert (await api.admin.delete(delete_path)).status_code == 204
+    final = await api.generations(*(layout[g] for g in gateways))
+    assert [f - a for f, a in zip(final, after, strict=True)] == [
+        0 if expected[g] is None else 1 for g in gateways
+    ]
+
+
+async def test_policy_update_bumps_once_and_identical_update_not_at_all(api, layout) -> None:
+    ta = layout["ta"]
+    policy_id = api.uid("p")
+    body = {"type": "cors", "config": {"allowedOrigins": ["https://a.example.com"]}, "scope": "tenant"}
+    assert (
+        await api.admin.post(f"/v1/tenants/{ta}/policies", json={"policy_id": policy_id, **body})
+    ).status_code == 201
+    before = await api.generations(layout["g1"], layout["g3"])
+    assert (await api.admin.put(f"/v1/tenants/{ta}/policies/{policy_id}", json=body)).status_code == 200
+    assert await api.generations(layout["g1"], layout["g3"]) == before
+    changed = {**body, "scope": "api", "targets": [layout["a2"]]}
+    updated = await api.admin.put(f"/v1/tenants/{ta}/policies/{policy_id}", json=changed)
+    assert updated.status_code == 200
+    assert updated.json()["scope"] == "api"
+    assert await api.generations(layout["g1"], layout["g3"]) == [before[0] + 1, before[1]]
+    bad = {**changed, "config": {"allowedOrigins": ["*"], "allowCredentials": True}}
+    assert (await api.admin.put(f"/v1/tenants/{ta}/policies/{policy_id}", json=bad)).status_code == 422
+    assert await api.generations(layout["g1"], layout["g3"]) == [before[0] + 1, before[1]]
+
+    gw_policy = api.uid("p")
+    g4 = layout["g4"]
+    gw_body = {"type": "ip_filter", "config": {"mode": "deny", "ip_list": ["10.0.0.0/8"]}}
+    assert (
+        await api.admin.post(f"/v1/gateways/{g4}/policies", json={"policy_id": gw_policy, **gw_body})
+    ).status_code == 201
+    g4_gen = await api.generation(g4)
+    assert (await api.admin.put(f"/v1/gateways/{g4}/policies/{gw_policy}", json=gw_body)).status_code == 200
+    assert await api.generation(g4) == g4_gen
+    gw_body["config"]["mode"] = "allow"
+    assert (await api.admin.put(f"/v1/gateways/{g4}/policies/{gw_policy}", json=gw_body)).status_code == 200
+    assert await api.generation(g4) == g4_gen + 1
+    assert (await api.admin.get(f"/v1/gateways/{g4}/policies/{gw_policy}")).json()["config"][
+        "mode"
+    ] == "allow"
+
+
+async def test_deploying_a_tenants_first_route_brings_its_policies(api, layout) -> None:
+    ta, g4 = layout["ta"], layout["g4"]
+    policy_id = api.uid("p")
+    body = {
+        "policy_id": policy_id,
+        "type": "rate_limit",
+        "config": {"maxRequests": 1, "intervalSeconds": 1},
+        "scope": "tenant",
+    }
+    assert (await api.admin.post(f"/v1/tenants/{ta}/policies", json=body)).status_code == 201
+    inv = await api.inventory(g4, layout["creds"]["g4"])
+    assert [p["policy_id"] for p in inv["policies"]] == []
+    await api.deploy(g4, layout["a3"])
+    inv = await api.inventory(g4, layout["creds"]["g4"])
+    assert [(p["policy_id"], p["applicable"]) for p in inv["policies"]] == [(policy_id, [layout["a3"]])]

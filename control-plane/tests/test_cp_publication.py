@@ -1,0 +1,237 @@
+"""Publication model: generations bump exactly once per change of a gateway's desired state (and only
+for gateways it changes), tombstones, inventory content, and the sync status state machine."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+async def test_deploy_undeploy_redeploy_generations_and_tombstones(api) -> None:
+    tenant_id = await api.tenant()
+    gateway_id, credential = await api.gateway()
+    bystander, _ = await api.gateway()
+    api_id = await api.new_api(
+        tenant_id, methods=["GET", "POST"], timeout_ms=1200, auth={"mode": "jwt", "scopes": ["orders:read"]}
+    )
+    assert await api.generations(gateway_id, bystander) == [1, 1]
+
+    assert await api.deploy(gateway_id, api_id) == 2
+    again = await api.admin.put(f"/v1/gateways/{gateway_id}/deployments/{api_id}")
+    assert again.json() == {"gateway_id": gateway_id, "api_id": api_id, "generation": 2, "changed": False}
+    inv = await api.inventory(gateway_id, credential)
+    assert inv["generation"] == "2"
+    assert inv["routes"] == [
+        {
+            "route_id": api_id,
+            "tenant_id": tenant_id,
+            "api_id": api_id,
+            "path_prefix": f"/apis/{api_id}",
+            "methods": ["GET", "POST"],
+            "upstream_url": "http://127.0.0.1:9000",
+            "timeout_ms": 1200,
+            "auth_mode": "jwt",
+            "scopes": ["orders:read"],
+        }
+    ]
+    assert inv["tombstones"] == []
+
+    undeployed = await api.admin.delete(f"/v1/gateways/{gateway_id}/deployments/{api_id}")
+    assert undeployed.status_code == 200
+    assert undeployed.json()["generation"] == 3
+    inv = await api.inventory(gateway_id, credential)
+    assert inv["routes"] == []
+    assert inv["tombstones"] == [{"route_id": api_id, "generation": "3"}]
+    missing = await api.admin.delete(f"/v1/gateways/{gateway_id}/deployments/{api_id}")
+    assert missing.status_code == 404
+    assert await api.generation(gateway_id) == 3
+
+    assert await api.deploy(gateway_id, api_id) == 4
+    inv = await api.inventory(gateway_id, credential)
+    assert [r["route_id"] for r in inv["routes"]] == [api_id]
+    assert inv["tombstones"] == []  # a re-deploy removes the tombstone
+    assert await api.generation(bystander) == 1
+
+
+async def test_deploy_errors_name_the_field_and_change_nothing(api) -> None:
+    tenant_id = await api.tenant()
+    gateway_id, _ = await api.gateway()
+    api_id = await api.new_api(tenant_id)
+    unknown_api = await api.admin.put(f"/v1/gateways/{gateway_id}/deployments/nope")
+    assert unknown_api.status_code == 404
+    assert unknown_api.json()["errors"][0]["field"] == "api_id"
+    unknown_gw = await api.admin.put(f"/v1/gateways/nope/deployments/{api_id}")
+    assert unknown_gw.status_code == 404
+    assert unknown_gw.json()["errors"][0]["field"] == "gateway_id"
+    assert await api.generation(gateway_id) == 1
+
+
+async def test_api_edit_bumps_only_the_gateways_it_is_deployed_on(api) -> None:
+    tenant_id = await api.tenant()
+    g1, c1 = await api.gateway()
+    g2, _ = await api.gateway()
+    g3, _ = await api.gateway()
+    api_id = await api.new_api(tenant_id)
+    other_api = await api.new_api(tenant_id)
+    await api.deploy(g1, api_id)
+    await api.deploy(g2, api_id)
+    await api.deploy(g3, other_api)
+    before = await api.generations(g1, g2, g3)
+
+    same = {"name": "API", "upstream_url": "http://127.0.0.1:9000", "methods": ["GET"]}
+    assert (await api.admin.put(f"/v1/tenants/{tenant_id}/apis/{api_id}", json=same)).status_code == 200
+    assert await api.generations(g1, g2, g3) == before  # identical content: no change, no bump
+
+    edited = {**same, "upstream_url": "http://127.0.0.1:9100"}
+    assert (await api.admin.put(f"/v1/tenants/{tenant_id}/apis/{api_id}", json=edited)).status_code == 200
+    assert await api.generations(g1, g2, g3) == [before[0] + 1, before[1] + 1, before[2]]
+    inv = await api.inventory(g1, c1)
+    assert inv["routes"][0]["upstream_url"] == "http://127.0.0.1:9100"
+
+    bad = {**same, "upstream_url": "gopher://x"}
+    assert (await api.admin.put(f"/v1/tenants/{tenant_id}/apis/{api_id}", json=bad)).status_code == 422
+    assert await api.generations(g1, g2, g3) == [before[0] + 1, before[1] + 1, before[2]]
+
+
+async def test_api_delete_tombstones_it_on_every_gateway(api) -> None:
+    tenant_id = await api.tenant()
+    gateways = [await api.gateway() for _ in range(3)]
+    api_id = await api.new_api(tenant_id)
+    keep = await api.new_api(tenant_id)
+    for gateway_id, _ in gateways[:2]:
+        await api.deploy(gateway_id, api_id)
+        await api.deploy(gateway_id, keep)
+    await api.deploy(gateways[2][0], keep)
+    before = await api.generations(*(g for g, _ in gateways))
+
+    assert (await api.admin.delete(f"/v1/tenants/{tenant_id}/apis/{api_id}")).status_code == 204
+    after = await api.generations(*(g for g, _ in gateways))
+    assert after == [before[0] + 1, before[1] + 1, before[2]]
+    for (gateway_id, credential), generation in zip(gateways[:2], after[:2], strict=True):
+        inv = await api.inventory(gateway_id, credential)
+        assert [r["route_id"] for r in inv["routes"]] == [keep]
+        assert inv["tombstones"] == [{"route_id": api_id, "generation": str(generation)}]
+    third = await api.inventory(*gateways[2])
+    assert third["tombstones"] == []
+
+
+async def report(api, path_gateway: str, credential: str, **fields) -> object:
+    body = {"gateway_id": path_gateway, **fields}
+    async with api.cp.gateway(credential) as client:
+        return await client.post(f"/v1/gateways/{path_gateway}/sync-reports", json=body)
+
+
+async def status(api, gateway_id: str) -> dict:
+    response = await api.admin.get(f"/v1/gateways/{gateway_id}/status")
+    assert response.status_code == 200
+    return response.json()
+
+
+async def test_status_is_always_about_the_desired_generation(api) -> None:
+    tenant_id = await api.tenant()
+    gateway_id, credential = await api.gateway()
+    first = await status(api, gateway_id)
+    assert first == {
+        "gateway_id": gateway_id,
+        "desired_generation": 1,
+        "acknowledged_generation": 0,
+        "snapshot_version": "",
+        "state": "PENDING",
+        "last_report": None,
+    }
+
+    ok = await report(api, gateway_id, credential, generation="1", status="SYNCED", snapshot_version="v1")
+    assert ok.status_code == 202, ok.text
+    assert (await status(api, gateway_id))["state"] == "SYNCED"
+
+    api_id = await api.new_api(tenant_id)
+    await api.deploy(gateway_id, api_id)  # generation 2
+    current = await status(api, gateway_id)
+    assert (current["state"], current["desired_generation"], current["acknowledged_generation"]) == (
+        "PENDING",
+        2,
+        1,
+    )
+
+    # A late report about generation 1 never makes generation 2 SYNCED.
+    await report(api, gateway_id, credential, generation=1, status="SYNCED", snapshot_version="v1")
+    assert (await status(api, gateway_id))["state"] == "PENDING"
+    # A failure about an older generation does not fail the desired one either.
+    await report(
+        api, gateway_id, credential, generation=1, status="FAILED", reason="STALE_GENERATION", detail="old"
+    )
+    assert (await status(api, gateway_id))["state"] == "PENDING"
+
+    failed = await report(
+        api, gateway_id, credential, generation=2, status="FAILED", reason="NACK", detail="envoy said no"
+    )
+    assert failed.status_code == 202
+    current = await status(api, gateway_id)
+    assert current["state"] == "FAILED"
+    assert current["last_report"] == {
+        "generation": 2,
+        "status": "FAILED",
+        "reason": "NACK",
+        "detail": "envoy said no",
+    }
+
+    await report(api, gateway_id, credential, generation=2, status="SYNCED", snapshot_version="v2")
+    current = await status(api, gateway_id)
+    assert (current["state"], current["acknowledged_generation"], current["snapshot_version"]) == (
+        "SYNCED",
+        2,
+        "v2",
+    )
+    # acknowledged_generation never goes back
+    await report(api, gateway_id, credential, generation=1, status="SYNCED", snapshot_version="v1")
+    assert (await status(api, gateway_id))["snapshot_version"] == "v2"
+
+
+async def test_bad_sync_reports_are_422_and_change_nothing(api) -> None:
+    gateway_id, credential = await api.gateway()
+    other_id, _ = await api.gateway()
+    cases = [
+        ({"generation": 1, "status": "SYNCED"}, "snapshot_version"),
+        ({"generation": 1, "status": "FAILED"}, "reason"),
+        ({"generation": 1, "status": "SYNC_STATUS_UNSPECIFIED"}, "status"),
+        ({"generation": 1, "status": "MAYBE"}, "body"),
+        ({"generation": 0, "status": "SYNCED", "snapshot_version": "v"}, "generation"),
+        ({"generation": 9, "status": "SYNCED", "snapshot_version": "v"}, "generation"),
+        (
+            {"generation": 1, "status": "SYNCED", "snapshot_version": "v", "gateway_id": other_id},
+            "gateway_id",
+        ),
+        ({"generation": 1, "status": "SYNCED", "snapshot_version": "v", "extra": 1}, "body"),
+    ]
+    for fields, field in cases:
+        response = await report(api, gateway_id, credential, **fields)
+        assert response.status_code == 422, (fields, response.text)
+        assert [e["field"] for e in response.json()["errors"]] == [field], fields
+    current = await status(api, gateway_id)
+    assert current["last_report"] is None
+    assert current["state"] == "PENDING"
+
+
+async def test_concurrent_changes_each_get_their_own_generation(api) -> None:
+    tenant_id = await api.tenant()
+    gateway_id, credential = await api.gateway()
+    apis = [await api.new_api(tenant_id) for _ in range(12)]
+    policy = {
+        "policy_id": api.uid("p"),
+        "type": "rate_limit",
+        "scope": "tenant",
+        "config": {"maxRequests": 1, "intervalSeconds": 1},
+    }
+    responses = await asyncio.gather(
+        *(api.admin.put(f"/v1/gateways/{gateway_id}/deployments/{a}") for a in apis),
+        api.admin.post(f"/v1/tenants/{tenant_id}/policies", json=policy),
+    )
+    assert all(r.status_code in (200, 201) for r in responses)
+    generations = sorted(r.json()["generation"] for r in responses[:-1])
+    assert len(set(generations)) == len(apis)
+    # 12 deploys plus the policy (which reaches this gateway when a route of the tenant is already there).
+    final = await api.generation(gateway_id)
+    assert final in (1 + len(apis), 2 + len(apis))
+    inv = await api.inventory(gateway_id, credential)
+    assert inv["generation"] == str(final)
+    assert sorted(r["route_id"] for r in inv["routes"]) == sorted(apis)
+    assert [p["policy_id"] for p in inv["policies"]] == [policy["policy_id"]]
