@@ -1,0 +1,175 @@
+"""`stoa-estate run` (what `make run` calls): the local estate with a published demo API.
+
+Starts embedded PostgreSQL, the CP, the echo upstream, the dev identity provider, the authorization
+service (or, with `--authz witness`, the allow-all Check witness), a Link and a real Envoy; seeds
+the demo tenant (trusting the dev identity provider) and API with its policies, deploys it on the
+gateway, waits for SYNCED, prints where everything is and ready-to-paste curl lines, writes
+`.stoa/estate.json`, and runs until Ctrl-C or SIGTERM, then stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shlex
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from stoa_harness.estate import Estate, EstateOptions
+from stoa_harness.idp import DevIdentityProvider
+
+DEMO_TENANT = "demo"
+DEMO_API = "echo"
+STATE_DIR = Path(".stoa")
+
+
+DEMO_ORIGIN = "http://localhost:3000"
+DEMO_CORS = {
+    "allowedOrigins": [DEMO_ORIGIN],
+    "allowedMethods": ["GET", "POST"],
+    "allowedHeaders": ["authorization", "content-type"],
+    "exposeHeaders": ["x-request-id"],
+    "maxAge": 600,
+    "allowCredentials": False,
+}
+DEMO_RATE_LIMIT = {"maxRequests": 20, "intervalSeconds": 10}
+DEMO_SCOPE = "echo:read"
+AUDIENCE = "stoa"
+DEMO_TOKEN_LIFETIME_S = 12 * 3600
+
+
+def seed_demo(estate: Estate, idp: DevIdentityProvider | None) -> dict[str, Any]:
+    """The demo tenant and API on the gateway; what it adds to `.stoa/estate.json`.
+
+    Everything (issuer, policies) is in place before the deployment, so the first publication
+    already carries it.
+    """
+    estate.create_tenant(DEMO_TENANT, "Demo tenant")
+    info: dict[str, Any] = {"demo_tenant": DEMO_TENANT}
+    if idp is not None:
+        estate.add_issuer(DEMO_TENANT, idp.issuer, idp.jwks_uri)
+        info.update(
+            issuer_url=idp.issuer,
+            token_url=idp.token_url,
+            audience=AUDIENCE,
+            demo_token=idp.mint(tenant=DEMO_TENANT, scope=DEMO_SCOPE, lifetime_s=DEMO_TOKEN_LIFETIME_S),
+        )
+    estate.create_api(
+        DEMO_API, tenant_id=DEMO_TENANT, name="Echo", methods=("GET", "POST"),
+        auth={"mode": "jwt", "scopes": [DEMO_SCOPE]},
+    )
+    estate.add_policy("echo-cors", "cors", DEMO_CORS, tenant_id=DEMO_TENANT, targets=[DEMO_API])
+    estate.add_policy(
+        "echo-rate-limit", "rate_limit", DEMO_RATE_LIMIT, tenant_id=DEMO_TENANT, targets=[DEMO_API]
+    )
+    estate.wait_synced(estate.deploy(DEMO_API))
+    info.update(
+        demo_api=DEMO_API,
+        demo_path=f"/apis/{DEMO_API}/hello",
+        demo_origin=DEMO_ORIGIN,
+        demo_policies={"cors": DEMO_CORS, "rate_limit": DEMO_RATE_LIMIT},
+    )
+    return info
+
+
+def usage(estate: Estate, info: dict[str, Any]) -> str:
+    url = f"{estate.gateway_url}{info['demo_path']}"
+    lines = []
+    if "demo_token" in info:
+        lines += [
+            "  # authenticated (the token is in .stoa/estate.json as demo_token):",
+            f"  curl -i {url} -H {shlex.quote('Authorization: Bearer ' + info['demo_token'])}",
+            "  # without a token: 401",
+            f"  curl -i {url}",
+            "  # a fresh token from the dev identity provider:",
+            f"  curl -s -X POST {info['token_url']} -d grant_type=client_credentials "
+            f"-d tenant={DEMO_TENANT} -d scope={DEMO_SCOPE}",
+        ]
+    else:
+        lines.append(f"  curl -i {url}")
+    lines += [
+        "  # CORS preflight, answered by Envoy itself:",
+        f"  curl -i -X OPTIONS {url} -H 'Origin: {DEMO_ORIGIN}' -H 'Access-Control-Request-Method: POST'",
+        f"  # rate limit: {DEMO_RATE_LIMIT['maxRequests']} authorized requests per "
+        f"{DEMO_RATE_LIMIT['intervalSeconds']} s, then 429",
+    ]
+    return "\n".join(lines)
+
+
+def describe(estate: Estate, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "cp_url": estate.cp_url,
+        "admin_token": estate.admin_token,
+        "gateway_id": estate.gateway_id,
+        "gateway_url": estate.gateway_url,
+        "envoy_admin_url": estate.envoy_admin_url,
+        "upstream_url": estate.upstream.url,
+        "run_dir": str(estate.run_dir),
+        **extra,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    run_dir = (STATE_DIR / "run").resolve()
+    # A fresh estate each time: the previous run's Link state would be stale against a new CP database.
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    state_file = STATE_DIR / "estate.json"
+    print(f"starting the local estate (logs in {run_dir}) ...", flush=True)
+    with contextlib.ExitStack() as stack:
+        idp = None
+        options = EstateOptions(authz=args.authz)
+        if args.authz == "service":
+            idp = stack.enter_context(DevIdentityProvider(audience=AUDIENCE))
+            options = EstateOptions(authz="service", authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE})
+        estate = stack.enter_context(Estate(options, run_dir=run_dir))
+        info = describe(estate, seed_demo(estate, idp))
+        state_file.write_text(json.dumps(info, indent=2) + "\n")
+        stack.callback(state_file.unlink, missing_ok=True)
+        print(
+            f"\nSTOA local estate is up ({state_file} written)\n"
+            f"  control plane   {estate.cp_url}   (admin token: {estate.admin_token})\n"
+            f"  gateway         {estate.gateway_url}   (gateway {estate.gateway_id}, SYNCED)\n"
+            f"  envoy admin     {estate.envoy_admin_url}\n"
+            f"  echo upstream   {estate.upstream.url}\n"
+            + (f"  dev IdP         {idp.issuer}   (audience {AUDIENCE})\n" if idp is not None else "")
+            + f"\nTry:\n{usage(estate, info)}\n\nCtrl-C stops everything.",
+            flush=True,
+        )
+        stop.wait()
+        print("stopping ...", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stoa-estate", description="The STOA local estate")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="start the estate with a published demo API (make run)")
+    run_parser.add_argument(
+        "--authz",
+        choices=("witness", "service"),
+        default="service",
+        help="authorization in front of the demo API: stoa-authz with the dev identity provider "
+        "(default) or the allow-all Check witness",
+    )
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return run(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""An ASGI application served by uvicorn on its own thread, on a socket bound before start.
+
+Binding first (port 0 by default) means the port is known and held before the server runs, so
+there is no window in which another process could take it.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import uvicorn
+
+from stoa_harness.wait import wait_until
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class ThreadedASGIServer:
+    def __init__(self, app: ASGIApp, name: str, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app = app
+        self.name = name
+        self.host = host
+        self.port = port
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        self._sock = sock
+        config = uvicorn.Config(
+            self.app,
+            interface="asgi3",
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            proxy_headers=False,  # record what the peer sent, never rewrite it from forwarded headers
+            timeout_keep_alive=30,
+            timeout_graceful_shutdown=2,
+        )
+        server = uvicorn.Server(config)
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, name=self.name, daemon=True
+        )
+        self._thread.start()
+        wait_until(lambda: server.started, timeout, f"{self.name} started")
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self._sock is not None:
+            self._sock.close()
+        self._server = self._thread = self._sock = None
