@@ -186,11 +186,9 @@ class Agent:
             )
         inventory = delivery
         last = self.last_applied
-        if (
-            last is not None
-            and inventory.gateway_id == last.gateway_id
-            and inventory.generation == last.generation
-        ):
+        # The same generation delivered again (a resume, a reconnect) is a no-op; the same generation
+        # with other content is a rewrite of history and goes on to the guard, which refuses it as stale.
+        if last is not None and inventory == last:
             log.info("inventory_unchanged", extra={"fields": {"generation": inventory.generation}})
             return None
         try:

@@ -94,6 +94,7 @@ async def test_success_persists_and_reports_synced_then_same_generation_is_a_no_
     [
         (inventory(2, "a", gateway="other"), FR.FOREIGN_GATEWAY),
         (inventory(0, "a"), FR.STALE_GENERATION),
+        (inventory(1, "a", "b"), FR.STALE_GENERATION),  # generation 1 again, other content
         (inventory(2), FR.ROUTE_LOSS),
         (InvalidInventory(2, "not JSON"), FR.INVALID_INVENTORY),
     ],
