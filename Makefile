@@ -1,28 +1,35 @@
 # The two commands: `make run` (the local estate) and `make test` (the whole suite).
 # Each installs what is missing first, so that on a fresh machine they are the only set-up.
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 export UV_PYTHON_DOWNLOADS := never
-export UV_PYTHON := $(shell command -v $(PYTHON) || command -v python3)
-UV := $(shell command -v uv 2>/dev/null)
+export UV_PYTHON := 3.11
+# uv through the interpreter's own module, so a fresh pip install is usable without a PATH change.
+UV := $(PYTHON) -m uv
 
 .PHONY: setup run test lint bench proto
 
 setup:
-ifeq ($(UV),)
-	$(PYTHON) -m pip install --quiet uv
-endif
-	uv sync --all-packages --frozen
+	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
+	$(UV) sync --all-packages --frozen
 
 run: setup
-	uv run --frozen stoa-estate run
+	$(UV) run --frozen stoa-estate run
 
 test: setup
-	uv run --frozen ruff check .
-	uv run --frozen pytest
+	$(UV) run --frozen ruff check .
+	$(UV) run --frozen pytest
 
 lint: setup
-	uv run --frozen ruff check .
-	uv run --frozen ruff format --check .
+	$(UV) run --frozen ruff check .
+	$(UV) run --frozen ruff format --check .
+
+# Benchmarks (issue 5): not part of `make test`. Installs wrk (Debian) when missing; BENCH_QUICK=1
+# runs every scenario with fewer repetitions and shorter load phases (under 5 minutes).
+bench: setup
+ifeq ($(shell command -v wrk 2>/dev/null),)
+	apt-get update -qq && apt-get install -y -qq wrk
+endif
+	$(UV) run --frozen python -m stoa_harness.bench
 
 proto: setup
-	uv run --frozen python proto/generate.py
+	$(UV) run --frozen python proto/generate.py
