@@ -42,6 +42,8 @@ from stoa_link.translate.options import TranslateOptions
 from stoa_link.translate.routes import ROUTE_CONFIG_NAME
 
 LISTENER_NAME = "stoa-listener"
+# RFC 5737 documentation address: the only "internal" range, so that no real peer is internal.
+NO_CLIENT_ADDRESS = "192.0.2.255"
 # Bounded hint given with the 503 when the authorization service is down or too slow.
 AUTHZ_UNAVAILABLE_RETRY_AFTER_S = 2
 
@@ -71,9 +73,18 @@ def render_listener(site: SiteIR, options: TranslateOptions) -> listener_pb2.Lis
         # The client address is the connection's peer unless hops are explicitly trusted.
         use_remote_address=wrappers_pb2.BoolValue(value=True),
         xff_num_trusted_hops=options.xff_num_trusted_hops,
-        # No address is internal: every request is external, so Envoy strips the client's
-        # x-envoy-* control headers (retry, timeout, ...) and never marks it x-envoy-internal.
-        internal_address_config=hcm.HttpConnectionManager.InternalAddressConfig(unix_sockets=False),
+        # No client is internal, so Envoy strips its x-envoy-* control headers (retry, timeout, ...)
+        # and never marks it x-envoy-internal. An empty range list is not enough: Envoy 1.40 then
+        # still treats loopback and private peers as internal. The one range named is a TEST-NET
+        # address no peer can have.
+        internal_address_config=hcm.HttpConnectionManager.InternalAddressConfig(
+            unix_sockets=False,
+            cidr_ranges=[
+                address_pb2.CidrRange(
+                    address_prefix=NO_CLIENT_ADDRESS, prefix_len=wrappers_pb2.UInt32Value(value=32)
+                )
+            ],
+        ),
         local_reply_config=_local_replies(),
     )
     return listener_pb2.Listener(
