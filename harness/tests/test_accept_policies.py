@@ -1,0 +1,352 @@
+"""Issue 3 acceptance: the policies a user attaches (cors, rate_limit, ip_filter) and where they reach,
+through a real Envoy fed by the real CP and Link, with the Check witness allowing everything.
+
+One estate for the module; every policy and route of the behaviour tests is published up front, in as
+few waits as possible. The scope test adds a second gateway (its own Link, Envoy and witness) on the
+same CP, so a gateway-scoped policy there cannot collide with the policies of `gw-1`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from google.protobuf import json_format
+from stoa_harness.estate import Estate, Site, checked
+from stoa_harness.wait import wait_until
+from stoa_link.agent import STATE_FILE
+from stoa_proto import inventory_pb2
+
+TENANT = "pol"
+ORIGIN = "https://app.example.com"
+SUBDOMAIN_ORIGIN = "https://shop.eu.trusted.example"
+FOREIGN_ORIGIN = "https://evil.example.net"
+CORS_CONFIG: dict[str, Any] = {
+    "allowedOrigins": [ORIGIN, "https://*.trusted.example"],
+    "allowedMethods": ["GET", "POST"],
+    "allowedHeaders": ["content-type", "x-request-tag"],
+    "exposeHeaders": ["x-trace-id", "x-upstream-region"],
+    "maxAge": 600,
+    "allowCredentials": True,
+}
+API_IDS = (
+    "p-cors",
+    "p-rate",
+    "p-rate-authz",
+    "p-deny-local",
+    "p-allow-local",
+    "p-allow-other",
+    "p-deny-other",
+)
+RATE_MAX = 3
+RATE_INTERVAL_S = 2
+
+
+@pytest.fixture(scope="module")
+def policies(estate: Estate) -> Estate:
+    """Routes and their policies on gw-1, all published before the first wait."""
+    up = estate.upstream
+    estate.ensure_tenant(TENANT)
+    for api_id in API_IDS:
+        estate.create_api(
+            api_id, tenant_id=TENANT, upstream_url=f"{up.url}/{api_id}", methods=["GET", "POST"]
+        )
+        estate.deploy(api_id)
+    estate.add_policy("cors-app", "cors", CORS_CONFIG, tenant_id=TENANT, targets=["p-cors"])
+    estate.add_policy(
+        "rate-3",
+        "rate_limit",
+        {"maxRequests": RATE_MAX, "intervalSeconds": RATE_INTERVAL_S},
+        tenant_id=TENANT,
+        targets=["p-rate"],
+    )
+    # A bucket that never refills during the test: only what was authorized can have spent it.
+    estate.add_policy(
+        "rate-2-hour",
+        "rate_limit",
+        {"maxRequests": 2, "intervalSeconds": 3600},
+        tenant_id=TENANT,
+        targets=["p-rate-authz"],
+    )
+    ip_rules = {
+        "p-deny-local": ("deny", ["127.0.0.1"]),
+        "p-allow-local": ("allow", ["127.0.0.0/8"]),
+        "p-allow-other": ("allow", ["10.0.0.0/8", "2001:db8::/32"]),
+        "p-deny-other": ("deny", ["10.0.0.0/8", "::1"]),
+    }
+    for api_id, (mode, ip_list) in ip_rules.items():
+        estate.add_policy(
+            f"ip-{api_id}",
+            "ip_filter",
+            {"mode": mode, "ip_list": ip_list},
+            tenant_id=TENANT,
+            targets=[api_id],
+        )
+    estate.wait_synced()
+    return estate
+
+
+@pytest.fixture(autouse=True)
+def _fresh(witness_allows: None, estate: Estate) -> None:
+    estate.upstream.clear()
+
+
+def cors_headers(response: httpx.Response) -> dict[str, str]:
+    return {k.lower(): v for k, v in response.headers.items() if k.lower().startswith("access-control-")}
+
+
+# -- CORS ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("origin", [ORIGIN, SUBDOMAIN_ORIGIN])
+def test_an_allowed_origin_preflight_gets_the_contract_headers_from_envoy(
+    policies: Estate, origin: str
+) -> None:
+    response = policies.gateway.options(
+        policies.url("/apis/p-cors/orders"),
+        headers={
+            "origin": origin,
+            "access-control-request-method": "POST",
+            "access-control-request-headers": "content-type",
+        },
+    )
+
+    assert response.status_code == 200
+    headers = cors_headers(response)
+    assert headers["access-control-allow-origin"] == origin
+    assert headers["access-control-allow-methods"] == "GET,POST"
+    assert headers["access-control-allow-headers"] == "content-type,x-request-tag"
+    assert headers["access-control-max-age"] == "600"
+    assert headers["access-control-allow-credentials"] == "true"
+    # Answered by Envoy itself: neither the authorization hop nor the upstream saw it.
+    assert policies.witness.checks() == []
+    assert policies.upstream.arrivals() == []
+
+
+@pytest.mark.parametrize(
+    "origin", [FOREIGN_ORIGIN, "https://trusted.example", "https://evil-trusted.example"]
+)
+def test_a_foreign_origin_gets_no_cors_headers(policies: Estate, origin: str) -> None:
+    preflight = policies.gateway.options(
+        policies.url("/apis/p-cors/orders"),
+        headers={"origin": origin, "access-control-request-method": "POST"},
+    )
+    actual = policies.gateway.get(policies.url("/apis/p-cors/orders"), headers={"origin": origin})
+
+    assert cors_headers(preflight) == {}
+    assert actual.status_code == 200
+    assert cors_headers(actual) == {}
+    # Not a preflight Envoy answers: it went through authorization like any request.
+    assert [c.method for c in policies.witness.checks()] == ["OPTIONS", "GET"]
+
+
+def test_an_actual_request_from_an_allowed_origin_carries_the_exposed_headers(policies: Estate) -> None:
+    policies.upstream.reply_with(headers={"x-trace-id": "t-1", "x-upstream-region": "eu"})
+
+    response = policies.gateway.post(
+        policies.url("/apis/p-cors/orders"), headers={"origin": ORIGIN}, content=b"{}"
+    )
+
+    assert response.status_code == 200
+    headers = cors_headers(response)
+    assert headers["access-control-allow-origin"] == ORIGIN
+    assert headers["access-control-allow-credentials"] == "true"
+    assert headers["access-control-expose-headers"] == "x-trace-id,x-upstream-region"
+    assert response.headers["x-trace-id"] == "t-1"
+    [arrival] = policies.upstream.arrivals()
+    assert (arrival.method, arrival.path) == ("POST", "/p-cors/orders")
+
+
+def test_a_route_without_a_cors_policy_gets_no_cors_headers(policies: Estate) -> None:
+    response = policies.gateway.get(policies.url("/apis/p-allow-local/x"), headers={"origin": ORIGIN})
+    assert response.status_code == 200
+    assert cors_headers(response) == {}
+    # No OPTIONS entry on a method-constrained route without a cors policy.
+    preflight = policies.gateway.options(
+        policies.url("/apis/p-allow-local/x"),
+        headers={"origin": ORIGIN, "access-control-request-method": "GET"},
+    )
+    assert preflight.status_code == 404
+
+
+# -- token bucket -------------------------------------------------------------------------------
+def test_request_n_plus_one_in_an_interval_gets_429_then_passes_after_the_interval(policies: Estate) -> None:
+    url = policies.url("/apis/p-rate/x")
+
+    started = time.monotonic()
+    burst = [policies.gateway.get(url) for _ in range(RATE_MAX + 1)]
+    limited_at = time.monotonic()
+    # The burst must fit in one refill step for "within one interval" to mean anything.
+    assert limited_at - started < RATE_INTERVAL_S / RATE_MAX
+
+    assert [r.status_code for r in burst] == [200] * RATE_MAX + [429]
+    retry_after = burst[-1].headers.get("retry-after")
+    assert retry_after is not None
+    assert retry_after.isdigit()
+    assert 1 <= int(retry_after) <= RATE_INTERVAL_S
+    assert len(policies.upstream.arrivals("/p-rate/")) == RATE_MAX
+
+    passed = wait_until(
+        lambda: policies.gateway.get(url).status_code == 200, RATE_INTERVAL_S + 3, "a request passing again"
+    )
+    assert passed
+    assert len(policies.upstream.arrivals("/p-rate/")) == RATE_MAX + 1
+
+
+def test_the_bucket_counts_only_authorized_requests(policies: Estate) -> None:
+    url = policies.url("/apis/p-rate-authz/x")
+    policies.witness.deny()
+    denied = [policies.gateway.get(url).status_code for _ in range(5)]
+    policies.witness.allow()
+    allowed = [policies.gateway.get(url).status_code for _ in range(3)]
+
+    assert denied == [403] * 5
+    assert allowed == [200, 200, 429]
+    assert len(policies.upstream.arrivals("/p-rate-authz/")) == 2
+
+
+# -- address filter -----------------------------------------------------------------------------
+FORGED = [
+    {},
+    {"x-forwarded-for": "10.1.2.3"},
+    {"x-forwarded-for": "203.0.113.9, 10.1.2.3"},
+    {"x-real-ip": "10.1.2.3", "forwarded": "for=10.1.2.3"},
+]
+
+
+@pytest.mark.parametrize(
+    ("api_id", "expected"),
+    [("p-deny-local", 403), ("p-allow-local", 200), ("p-allow-other", 403), ("p-deny-other", 200)],
+)
+def test_ip_filter_acts_on_the_peer_address_and_forged_forwarding_changes_nothing(
+    policies: Estate, api_id: str, expected: int
+) -> None:
+    codes = [
+        policies.gateway.get(policies.url(f"/apis/{api_id}/x"), headers=headers).status_code
+        for headers in FORGED
+    ]
+
+    assert codes == [expected] * len(FORGED)
+    routed = policies.upstream.arrivals(f"/{api_id}/")
+    assert len(routed) == (len(FORGED) if expected == 200 else 0)
+
+
+# -- scope expansion ----------------------------------------------------------------------------
+GW2 = "gw-2"
+
+
+def gateway_status(estate: Estate, gateway_id: str) -> dict[str, Any]:
+    return checked(estate.admin.get(f"/v1/gateways/{gateway_id}/status"))
+
+
+def wait_gateway_synced(estate: Estate, gateway_id: str, timeout: float = 30.0) -> None:
+    target = int(gateway_status(estate, gateway_id)["desired_generation"])
+
+    def synced() -> bool:
+        status = gateway_status(estate, gateway_id)
+        assert not (status["state"] == "FAILED" and int(status["desired_generation"]) == target), status
+        return status["state"] == "SYNCED" and int(status["acknowledged_generation"]) >= target
+
+    wait_until(synced, timeout, f"{gateway_id} SYNCED at generation {target}")
+
+
+def applied_inventory(site: Site) -> inventory_pb2.Inventory:
+    """What the Link received, accepted and had Envoy acknowledge (its persisted last applied state)."""
+    path = Path(site.link_env["STOA_LINK_STATE_DIR"]) / STATE_FILE
+    return json_format.Parse(path.read_text(), inventory_pb2.Inventory())
+
+
+def applicable(inventory: inventory_pb2.Inventory) -> dict[str, list[str]]:
+    return {p.policy_id: sorted(p.applicable) for p in inventory.policies}
+
+
+@pytest.fixture(scope="module")
+def second_gateway(
+    policies: Estate, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Site, Estate]]:
+    """gw-2 on the same CP with its own Link, Envoy and witness; scoped policies of three kinds."""
+    estate = policies
+    created = checked(estate.admin.post("/v1/gateways", json={"gateway_id": GW2, "name": "Second"}))
+    up = estate.upstream
+    for tenant in ("scope-a", "scope-b"):
+        estate.ensure_tenant(tenant)
+    for api_id, tenant in (("sa-1", "scope-a"), ("sa-2", "scope-a"), ("sb-1", "scope-b")):
+        estate.create_api(api_id, tenant_id=tenant, upstream_url=f"{up.url}/{api_id}", methods=["GET"])
+        checked(estate.admin.put(f"/v1/gateways/{GW2}/deployments/{api_id}"))
+    estate.deploy("sa-1")  # scope-a also has a route on gw-1
+    estate.add_policy("sa-cors", "cors", {"allowedOrigins": [ORIGIN]}, tenant_id="scope-a", scope="tenant")
+    checked(
+        estate.admin.post(
+            f"/v1/gateways/{GW2}/policies",
+            json={
+                "policy_id": "gw2-rate",
+                "type": "rate_limit",
+                "config": {"maxRequests": 100000, "intervalSeconds": 1},
+            },
+        )
+    )
+    # An API binding without targets: were it broadened, it would deny every request from here.
+    estate.add_policy(
+        "sb-none", "ip_filter", {"mode": "deny", "ip_list": ["127.0.0.0/8"]}, tenant_id="scope-b", targets=[]
+    )
+    with Site(
+        run_dir=tmp_path_factory.mktemp("site-gw2"),
+        cp_url=estate.cp_url,
+        gateway_id=GW2,
+        credential=created["credential"],
+    ) as site:
+        wait_gateway_synced(estate, GW2)
+        estate.wait_synced()
+        yield site, estate
+
+
+def test_scopes_expand_onto_the_right_routes_in_the_inventory_the_link_applied(
+    second_gateway: tuple[Site, Estate],
+) -> None:
+    site, estate = second_gateway
+    assert estate.site is not None
+    on_gw2 = applied_inventory(site)
+    on_gw1 = applied_inventory(estate.site)
+
+    assert on_gw2.gateway_id == GW2
+    assert sorted(r.route_id for r in on_gw2.routes) == ["sa-1", "sa-2", "sb-1"]
+    gw2 = applicable(on_gw2)
+    assert gw2["sa-cors"] == ["sa-1", "sa-2"]  # tenant scope: that tenant's routes only
+    assert gw2["gw2-rate"] == ["sa-1", "sa-2", "sb-1"]  # gateway scope: every route of the gateway
+    assert gw2.get("sb-none", []) == []  # api scope without targets: none
+    scopes = {p.policy_id: p.scope for p in on_gw2.policies}
+    assert scopes["sa-cors"] == "tenant"
+    assert scopes["gw2-rate"] == "gateway"
+
+    gw1 = applicable(on_gw1)
+    assert gw1["sa-cors"] == ["sa-1"]  # the same tenant policy, expanded per gateway
+    assert "gw2-rate" not in gw1  # another gateway's policy never reaches gw-1
+    assert gw1.get("sb-none", []) == []
+
+
+def test_scopes_expand_onto_the_right_routes_through_envoy(second_gateway: tuple[Site, Estate]) -> None:
+    site, estate = second_gateway
+    preflight = {"origin": ORIGIN, "access-control-request-method": "GET"}
+
+    def gw2(api_id: str, method: str = "GET") -> httpx.Response:
+        return estate.gateway.request(method, f"{site.gateway_url}/apis/{api_id}/x", headers=preflight)
+
+    for api_id in ("sa-1", "sa-2"):
+        answered = gw2(api_id, "OPTIONS")
+        assert answered.status_code == 200, api_id
+        assert answered.headers.get("access-control-allow-origin") == ORIGIN, api_id
+    other_tenant = gw2("sb-1", "OPTIONS")
+    assert other_tenant.status_code == 404  # no cors policy, so no OPTIONS on a GET-only route
+    assert cors_headers(other_tenant) == {}
+
+    for api_id in ("sa-1", "sa-2", "sb-1"):
+        served = gw2(api_id)
+        assert served.status_code == 200, api_id  # sb-1: the target-less deny reached nothing
+        assert served.headers.get("x-ratelimit-limit") == "100000", api_id
+
+    on_gw1 = estate.gateway.get(estate.url("/apis/sa-1/x"), headers={"origin": ORIGIN})
+    assert on_gw1.status_code == 200
+    assert on_gw1.headers.get("access-control-allow-origin") == ORIGIN
+    assert "x-ratelimit-limit" not in on_gw1.headers
