@@ -269,7 +269,10 @@ def test_listener_hardening_defaults() -> None:
     assert manager.use_remote_address.value
     assert manager.xff_num_trusted_hops == 0
     assert manager.HasField("internal_address_config")
-    assert not manager.internal_address_config.cidr_ranges
+    # The only internal range is a documentation address no peer can have.
+    assert [(r.address_prefix, r.prefix_len.value) for r in manager.internal_address_config.cidr_ranges] == [
+        ("192.0.2.255", 32)
+    ]
     assert manager.rds.route_config_name == "stoa-routes"
     assert manager.rds.config_source.HasField("ads")
 
@@ -299,6 +302,8 @@ INVALID = {
     "url with query": route("x", "http://h:1/a?b=c"),
     "url without host": route("x", "http:///a"),
     "url with bad host": route("x", "http://bad_host:1"),
+    "url with port 0": route("x", "http://h:0"),
+    "https url with port 0": route("x", "https://h:0/base"),
     "unknown auth mode": route("x", auth_mode="basic"),
     "empty tenant": route("x", tenant_id=""),
 }
