@@ -24,7 +24,8 @@ class Readiness:
     def __init__(self, audience_configured: bool, store: PolicyStore) -> None:
         self._audience_configured = audience_configured
         self._store = store
-        self.grpc = health.aio.HealthServicer()
+        # The synchronous servicer: its state is set from the event loop and read by gRPC threads.
+        self.grpc = health.HealthServicer()
 
     @property
     def ready(self) -> bool:
@@ -37,14 +38,14 @@ class Readiness:
             return "policy_unavailable"
         return "ready"
 
-    async def publish(self) -> None:
+    def publish(self) -> None:
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if self.ready
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         for name in ("", SERVICE_NAME):
-            await self.grpc.set(name, status)
+            self.grpc.set(name, status)
 
 
 class HttpEndpoints:

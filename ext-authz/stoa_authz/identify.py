@@ -2,15 +2,14 @@
 
 Asymmetric algorithms only (the allowed set comes from the key: a symmetric key never loads, so
 neither `none` nor HMAC-with-a-public-key can verify); `iss`, `aud` and `exp` required; `exp`/`nbf`
-with a small leeway. Validated tokens are cached per policy set by (tenant, sha256(token)) until they
-expire. An unknown `kid` triggers at most one bounded JWKS fetch per issuer and interval.
+with a small leeway. An unknown `kid` triggers at most one bounded JWKS fetch per issuer and interval.
+(Check caches the decision for a verified token until the token expires.)
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 import logging
 import time
@@ -23,7 +22,7 @@ from joserfc import jwt
 from joserfc.errors import ExpiredTokenError, JoseError
 from joserfc.jwt import JWTClaimsRegistry
 
-from stoa_authz.policy import PolicyError, PolicySet, Route, TrustedIssuer, VerificationKey, parse_jwks
+from stoa_authz.policy import PolicyError, Route, TrustedIssuer, VerificationKey, parse_jwks
 from stoa_authz.reasons import Deny, Reason
 
 LEEWAY_S = 30
@@ -79,40 +78,22 @@ class Identifier:
         self,
         audience: str,
         tenant_claim: str,
-        cache_size: int = 10_000,
         fetch_timeout_s: float = 2.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._tenant_claim = tenant_claim
-        self._cache_size = cache_size
         self._fetch_timeout_s = fetch_timeout_s
-        self._clock = clock
+        self.clock = clock
         self._claims = JWTClaimsRegistry(
-            now=lambda: int(self._clock()),
+            now=lambda: int(self.clock()),
             leeway=LEEWAY_S,
             iss={"essential": True},
             aud={"essential": True, "value": audience},
             exp={"essential": True},
         )
 
-    async def identify(self, authorization: str | None, route: Route, policy: PolicySet) -> Identity:
-        token = bearer_token(authorization)
-        cache_key = (route.tenant_id, hashlib.sha256(token.encode()).digest())
-        cached: Identity | None = policy.token_cache.get(cache_key)
-        now = self._clock()
-        if cached is not None:
-            if now <= cached.expires_at + LEEWAY_S:
-                return cached
-            del policy.token_cache[cache_key]
-            raise Deny(Reason.EXPIRED_TOKEN)
-        identity = await self._validate(token, route)
-        if self._cache_size:
-            policy.token_cache[cache_key] = identity
-            if len(policy.token_cache) > self._cache_size:
-                policy.token_cache.popitem(last=False)
-        return identity
-
-    async def _validate(self, token: str, route: Route) -> Identity:
+    def identify(self, token: str, route: Route) -> Identity:
+        """The verified identity of `token` on `route`, or Deny. (Check caches the outcome.)"""
         parts = token.split(".")
         if len(parts) != 3:
             raise Deny(Reason.INVALID_TOKEN)
@@ -131,7 +112,7 @@ class Identifier:
         kid = header.get("kid", "")
         if not isinstance(alg, str) or not isinstance(kid, str):
             raise Deny(Reason.INVALID_TOKEN)
-        key = await self._key(issuer, kid)
+        key = self._key(issuer, kid)
         if key is None or alg not in key.algorithms:
             raise Deny(Reason.INVALID_TOKEN)
         try:
@@ -154,7 +135,7 @@ class Identifier:
             expires_at=float(claims["exp"]),
         )
 
-    async def _key(self, issuer: TrustedIssuer, kid: str) -> VerificationKey | None:
+    def _key(self, issuer: TrustedIssuer, kid: str) -> VerificationKey | None:
         key = self._pick(issuer.keys, kid)
         if key is not None or not issuer.jwks_uri:
             return key
@@ -163,8 +144,9 @@ class Identifier:
             return None
         issuer.last_refresh = now
         try:
-            async with httpx.AsyncClient(timeout=self._fetch_timeout_s) as client:
-                response = await client.get(issuer.jwks_uri)
+            # Blocks this Check's worker thread only, for at most the fetch timeout.
+            with httpx.Client(timeout=self._fetch_timeout_s) as client:
+                response = client.get(issuer.jwks_uri)
                 response.raise_for_status()
             fetched = parse_jwks(response.text, f"JWKS of {issuer.issuer}")
         except (httpx.HTTPError, PolicyError) as exc:

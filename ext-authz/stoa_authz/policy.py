@@ -17,6 +17,8 @@ from joserfc.errors import JoseError
 from joserfc.jwk import ECKey, OKPKey, RSAKey, import_key
 from stoa_proto import authz_pb2
 
+from stoa_authz import respond
+
 PublicKey = RSAKey | ECKey | OKPKey
 
 _RSA_ALGS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"})
@@ -110,6 +112,8 @@ class Route:
     scopes: frozenset[str]
     # This route's tenant's trusted issuers, by issuer URL.
     issuers: dict[str, TrustedIssuer]
+    # The allow headers of this route without a subject (auth mode none), built at load.
+    grant: respond.Grant
 
 
 @dataclass(slots=True)
@@ -117,8 +121,8 @@ class PolicySet:
     version: str
     generation: int
     routes: dict[str, Route]
-    # Validated tokens, per set: (tenant_id, sha256(token)) -> cached identity (see identify).
-    token_cache: OrderedDict[tuple[str, bytes], Any] = field(default_factory=OrderedDict)
+    # Decisions for verified tokens, per set: (route_id, sha256(token)) -> cached decision (see check).
+    decisions: OrderedDict[tuple[str, bytes], Any] = field(default_factory=OrderedDict)
 
 
 def compile_policy_set(message: authz_pb2.AuthzPolicySet) -> PolicySet:
@@ -154,6 +158,7 @@ def compile_policy_set(message: authz_pb2.AuthzPolicySet) -> PolicySet:
             auth_none=route.auth_mode == "none",
             scopes=frozenset(route.scopes),
             issuers=issuers.get(route.tenant_id, {}),
+            grant=respond.grant(route.tenant_id, route.api_id),
         )
     return PolicySet(message.version, message.generation, routes)
 
@@ -168,12 +173,15 @@ class PolicyStore:
         self.latest: PolicySet | None = None
 
     def add(self, policy_set: PolicySet) -> None:
-        # Same content, same version: keep the loaded object (and its warm token cache).
-        current = self._sets.pop(policy_set.version, None)
-        self._sets[policy_set.version] = current or policy_set
-        while len(self._sets) > self._keep:
-            self._sets.popitem(last=False)
-        self.latest = self._sets[policy_set.version]
+        # Same content, same version: keep the loaded object (and its warm decision cache). The
+        # map is replaced, never mutated: Checks on other threads read it without a lock.
+        sets = OrderedDict(self._sets)
+        current = sets.pop(policy_set.version, None)
+        sets[policy_set.version] = current or policy_set
+        while len(sets) > self._keep:
+            sets.popitem(last=False)
+        self._sets = sets
+        self.latest = sets[policy_set.version]
         if self.on_change:
             self.on_change()
 

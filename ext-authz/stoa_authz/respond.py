@@ -8,6 +8,7 @@ neutral body for the status. Deny responses are built once per reason at import.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.service.auth.v3.external_auth_pb2 import CheckResponse, DeniedHttpResponse, OkHttpResponse
@@ -55,22 +56,30 @@ def deny(reason: Reason) -> CheckResponse:
     return DENY_RESPONSES[reason]
 
 
-def allow(
-    tenant: str,
-    api: str,
-    inbound_identity: Iterable[str],
-    subject: str | None = None,
-    envelope: str | None = None,
-) -> CheckResponse:
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The identity headers of an allow, built once per route (and per cached decision)."""
+
+    headers: tuple[HeaderValueOption, ...]
+    # Their names, plus the envelope's when the allow carries one: not removed, overwritten.
+    names: frozenset[str]
+
+
+def grant(tenant: str, api: str, subject: str | None = None) -> Grant:
     headers = [_header(TENANT_HEADER, tenant), _header(API_HEADER, api)]
     if subject is not None:
         headers.append(_header(SUBJECT_HEADER, subject))
+    names = {h.header.key for h in headers} | ({IDENTITY_HEADER} if subject is not None else set())
+    return Grant(tuple(headers), frozenset(names))
+
+
+_OK = status_pb2.Status(code=code_pb2.OK)
+
+
+def allow(grant: Grant, inbound_identity: Iterable[str], envelope: str | None = None) -> CheckResponse:
+    ok = OkHttpResponse(headers=grant.headers)
     if envelope is not None:
-        headers.append(_header(IDENTITY_HEADER, envelope))
+        ok.headers.append(_header(IDENTITY_HEADER, envelope))
     # What we set is overwritten in place; everything else the client sent goes.
-    set_now = {h.header.key for h in headers}
-    remove = [name for name in inbound_identity if name not in set_now]
-    return CheckResponse(
-        status=status_pb2.Status(code=code_pb2.OK),
-        ok_response=OkHttpResponse(headers=headers, headers_to_remove=remove),
-    )
+    ok.headers_to_remove.extend(name for name in inbound_identity if name not in grant.names)
+    return CheckResponse(status=_OK, ok_response=ok)

@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     signing_key_file: Path | None = None
     identity_issuer: str = "stoa-ext-authz"
     workers: int = Field(default=1, ge=1, le=64)
+    # Threads deciding Checks in one process (the GIL makes more than a few pointless).
+    grpc_threads: int = Field(default=4, ge=1, le=64)
+    grpc_max_concurrent_streams: int = Field(default=1000, ge=1)
     # Set by the parent for its worker processes: share the ports with SO_REUSEPORT.
     reuse_port: bool = False
     # How many accepted policy sets stay available for routes built with an older one.

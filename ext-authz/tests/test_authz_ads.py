@@ -108,9 +108,9 @@ async def test_ack_nack_and_pinning(ads, idp, policy, req):
     )
     token = idp.mint(tenant="acme", scope="orders:read")
     headers = {"authorization": f"Bearer {token}"}
-    assert (await decider.decide(req(headers, version="v1"))).HasField("ok_response")
-    assert (await decider.decide(req(headers, version="v3"))).denied_response.status.code == 403
-    assert (await decider.decide(req(headers, version="v2"))).denied_response.status.code == 503
+    assert decider.decide(req(headers, version="v1")).HasField("ok_response")
+    assert decider.decide(req(headers, version="v3")).denied_response.status.code == 403
+    assert decider.decide(req(headers, version="v2")).denied_response.status.code == 503
 
 
 async def test_empty_or_foreign_response_is_nacked(ads, idp, policy):

@@ -155,7 +155,7 @@ CASES = [
 async def test_decision(idp, req, policy, caplog, build, reason, status):
     decider, _ = make_decider(idp, policy)
     with caplog.at_level(logging.INFO, logger="stoa_authz.decision"):
-        response = await decider.decide(build(idp, req))
+        response = decider.decide(build(idp, req))
     events = [r.fields for r in caplog.records if r.name == "stoa_authz.decision"]
     assert [e["reason"] for e in events] == [reason.value]
     if status is None:
@@ -183,23 +183,23 @@ async def test_www_authenticate(idp, req, policy, token_kind, challenge):
         headers = bearer(idp.bad_signature(**GOOD))
     elif token_kind == "scope":
         headers = bearer(idp.mint(tenant="acme", scope="other"))
-    response = await decider.decide(req(headers))
+    response = decider.decide(req(headers))
     assert headers_of(response)["www-authenticate"] == challenge
 
 
 async def test_no_audience_denies_everything(idp, req, policy):
     decider, _ = make_decider(idp, policy, audience="")
     for request in (req(bearer(idp.mint(**GOOD))), req(route_id="open", api_id="open")):
-        response = await decider.decide(request)
+        response = decider.decide(request)
         assert response.denied_response.status.code == 503
     assert DENY_BODIES[503] == DENY_BODIES[403]
 
 
 async def test_global_required_scopes(idp, req, policy):
     decider, _ = make_decider(idp, policy, required={"platform"})
-    denied = await decider.decide(req(bearer(idp.mint(**GOOD))))
+    denied = decider.decide(req(bearer(idp.mint(**GOOD))))
     assert denied.denied_response.status.code == 403
-    allowed = await decider.decide(req(bearer(idp.mint(tenant="acme", scope="orders:read platform"))))
+    allowed = decider.decide(req(bearer(idp.mint(tenant="acme", scope="orders:read platform"))))
     assert allowed.HasField("ok_response")
 
 
@@ -214,7 +214,7 @@ async def test_allow_sets_identity_and_removes_forged_headers(idp, req, policy):
         "x-stoa-debug": "1",
     }
     token = idp.mint(tenant="acme", scope="orders:read extra", sub="client-42")
-    response = await decider.decide(req({**bearer(token), **forged}, request_id="req-77"))
+    response = decider.decide(req({**bearer(token), **forged}, request_id="req-77"))
     ok = response.ok_response
     set_headers = headers_of(response)
     assert set_headers["x-stoa-tenant-id"] == "acme"
@@ -243,7 +243,7 @@ async def test_allow_sets_identity_and_removes_forged_headers(idp, req, policy):
 
 async def test_auth_none_route_strips_but_sets_no_subject(idp, req, policy):
     decider, _ = make_decider(idp, policy)
-    response = await decider.decide(
+    response = decider.decide(
         req({"x-stoa-subject": "forged", "X-User-Id": "root"}, route_id="open", api_id="open")
     )
     assert headers_of(response) == {"x-stoa-tenant-id": "acme", "x-stoa-api-id": "open"}
@@ -258,7 +258,7 @@ async def test_raw_header_map_duplicates(idp, req, policy):
     for name in ("authorization", "Authorization"):
         entry = request.attributes.request.http.header_map.headers.add()
         entry.key, entry.raw_value = name, f"Bearer {token}".encode()
-    response = await decider.decide(request)
+    response = decider.decide(request)
     assert response.denied_response.status.code == 400
 
 
@@ -274,22 +274,22 @@ async def test_cached_token_expires(idp, req, policy):
         Envelope(OKPKey.generate_key("Ed25519"), "x"),
     )
     token = idp.sign({**idp.claims(**GOOD), "iat": int(now[0]), "nbf": int(now[0]), "exp": int(now[0]) + 60})
-    assert (await decider.decide(req(bearer(token)))).HasField("ok_response")
-    assert len(store.get("v1").token_cache) == 1
+    assert decider.decide(req(bearer(token))).HasField("ok_response")
+    assert len(store.get("v1").decisions) == 1
     now[0] += 600
-    assert (await decider.decide(req(bearer(token)))).denied_response.status.code == 401
-    assert len(store.get("v1").token_cache) == 0
+    assert decider.decide(req(bearer(token))).denied_response.status.code == 401
+    assert len(store.get("v1").decisions) == 0
 
 
 async def test_internal_error_fails_closed(idp, req, policy, caplog):
     decider, _ = make_decider(idp, policy)
 
-    async def boom(*_args):
+    def boom(*_args):
         raise RuntimeError("secret-ish detail")
 
     decider._identifier.identify = boom
     with caplog.at_level(logging.INFO):
-        response = await decider.decide(req(bearer(idp.mint(**GOOD))))
+        response = decider.decide(req(bearer(idp.mint(**GOOD))))
     assert response.denied_response.status.code == 503
     assert [r.fields["reason"] for r in caplog.records if r.name == "stoa_authz.decision"] == [
         "internal_error"

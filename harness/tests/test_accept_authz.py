@@ -160,13 +160,28 @@ def test_decision_log_has_one_event_per_request_and_no_secrets(estate, idp):
         assert "subject-unique-4711" not in text, path
 
 
-def test_key_rotation_passes_after_the_cp_ships_the_new_jwks(estate, idp):
-    [issuer] = [i for i in estate.admin.get("/v1/tenants/demo/issuers").json() if i["issuer"] == idp.issuer]
-    idp.rotate()
-    token = idp.mint(**good(idp))
-    reply = estate.admin.post(f"/v1/tenants/demo/issuers/{issuer['issuer_id']}/refresh")
-    assert reply.is_success, reply.text
-    estate.wait_synced()
+def test_key_rotation_passes_after_the_cp_ships_the_new_jwks(estate):
+    """Airtight: the rotating provider is stopped before any token with its new kid is used, so the
+    site can only know the new key from the inventory the CP shipped."""
+    with DevIdentityProvider(alg="ES256", audience=AUDIENCE) as rotating:
+        created = estate.admin.post(
+            "/v1/tenants/demo/issuers", json={"issuer": rotating.issuer, "jwks_uri": rotating.jwks_uri}
+        )
+        assert created.status_code == 201, created.text
+        estate.wait_synced()
+        assert get(estate, rotating.mint(**good(rotating))).status_code == 200
+        old_kid = rotating.kid
+        new_kid = rotating.rotate()
+        assert new_kid != old_kid
+        token = rotating.mint(**good(rotating))
+        refreshed = estate.admin.post(f"/v1/tenants/demo/issuers/{created.json()['issuer_id']}/refresh")
+        assert refreshed.is_success, refreshed.text
+        assert refreshed.json()["changed"] is True
+        estate.wait_synced()
+        jwks_uri = rotating.jwks_uri
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(jwks_uri, timeout=2)
     # The CP shipped the new key in the inventory (the site need not reach the IdP).
-    assert idp.kid in json.dumps(estate.inventory())
+    shipped = [i for i in estate.inventory()["issuers"] if i["issuer"] == rotating.issuer]
+    assert new_kid in json.dumps(shipped)
     assert get(estate, token).status_code == 200

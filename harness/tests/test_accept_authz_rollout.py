@@ -1,0 +1,248 @@
+"""Policy-set rollout through the real Link, the real Envoy and the real `stoa-authz` (issue 4):
+a NACKed set leaves everything as it was, a route built with set N is decided with N while N+1 rolls
+out, a service without an audience denies everything and says so, and production refuses bad scopes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+
+import grpc
+import httpx
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
+from google.rpc import code_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from stoa_harness.estate import Estate, EstateOptions, console_script
+from stoa_harness.idp import DevIdentityProvider
+from stoa_harness.postgres import EmbeddedPostgres
+from stoa_harness.wait import wait_until
+
+AUDIENCE = "stoa-rollout"
+PATH = "/apis/orders/items"
+
+
+@pytest.fixture(scope="module")
+def idp() -> Iterator[DevIdentityProvider]:
+    with DevIdentityProvider(alg="ES256", audience=AUDIENCE) as provider:
+        yield provider
+
+
+@pytest.fixture(scope="module")
+def estate(postgres: EmbeddedPostgres, tmp_path_factory, idp) -> Iterator[Estate]:
+    options = EstateOptions(
+        authz="service",
+        authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE},
+        # The rollout test holds Envoy still mid-publication; leave it room before the ACK deadline.
+        link_env={"STOA_LINK_ACK_TIMEOUT_S": "30"},
+    )
+    with Estate(options, postgres=postgres, run_dir=tmp_path_factory.mktemp("estate-rollout")) as running:
+        running.ensure_tenant("demo")
+        reply = running.admin.post(
+            "/v1/tenants/demo/issuers", json={"issuer": idp.issuer, "jwks": idp.jwks()}
+        )
+        assert reply.status_code == 201, reply.text
+        running.wait_synced(
+            running.publish("orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"]})
+        )
+        wait_until(
+            lambda: httpx.get(f"{running.site.authz_http_url}/health/ready").status_code == 200,
+            30,
+            "stoa-authz ready",
+        )
+        yield running
+
+
+def get(estate: Estate, token: str) -> httpx.Response:
+    return estate.gateway.get(estate.url(PATH), headers={"authorization": f"Bearer {token}"})
+
+
+def route_policy_version(estate: Estate, token: str) -> str:
+    """The policy_set_version Envoy's route `orders` passes to ext_authz right now (Envoy redacts
+    context extensions in its config dump, so it is read from the decision event of a request)."""
+    before = len(authz_events(estate, "ext_authz_decision"))
+    estate.gateway.get(estate.url(PATH), headers={"authorization": f"Bearer {token}"})
+    [event] = wait_until(
+        lambda: authz_events(estate, "ext_authz_decision")[before:], 10, "the probe's decision event"
+    )
+    return event["policy_set_version"]
+
+
+def authz_events(estate: Estate, message: str) -> list[dict]:
+    assert estate.site is not None
+    assert estate.site.authz is not None
+    lines = estate.site.authz.log_path.read_text().splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    return [e for e in events if message in (e.get("message"), e.get("event"))]
+
+
+def direct_check(estate: Estate, token: str, version: str) -> external_auth_pb2.CheckResponse:
+    """The Check Envoy sends for a request on route `orders` built with policy set `version`."""
+    request = external_auth_pb2.CheckRequest()
+    request.attributes.context_extensions.update(
+        {"tenant_id": "demo", "api_id": "orders", "route_id": "orders", "policy_set_version": version}
+    )
+    http = request.attributes.request.http
+    http.id, http.method, http.path = "rollout-1", "GET", PATH
+    http.headers.update(
+        {":authority": "gw", ":method": "GET", ":path": PATH, "authorization": f"Bearer {token}"}
+    )
+    assert estate.site is not None
+    with grpc.insecure_channel(estate.site.ext_authz_address) as channel:
+        return external_auth_pb2_grpc.AuthorizationStub(channel).Check(request, timeout=5)
+
+
+def weak_rsa_jwks() -> dict:
+    """A well-formed RSA public key the CP stores but the service refuses (1024 bits < 2048)."""
+    numbers = rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key().public_numbers()
+
+    def b64(value: int) -> str:
+        return (
+            base64.urlsafe_b64encode(value.to_bytes((value.bit_length() + 7) // 8, "big"))
+            .rstrip(b"=")
+            .decode()
+        )
+
+    return {"keys": [{"kty": "RSA", "kid": "weak-1", "use": "sig", "n": b64(numbers.n), "e": b64(numbers.e)}]}
+
+
+def test_unusable_jwks_is_nacked_and_previous_decisions_stand(estate, idp):
+    token = idp.mint(tenant="demo", scope="orders:read")
+    assert get(estate, token).status_code == 200
+    envoy_before = estate.envoy.versions()
+    version_before = route_policy_version(estate, token)
+    nacks_before = len(authz_events(estate, "policy set refused"))
+
+    reply = estate.admin.post(
+        "/v1/tenants/demo/issuers", json={"issuer": "https://weak.example", "jwks": weak_rsa_jwks()}
+    )
+    assert reply.status_code == 201, reply.text  # the CP takes the key; only the site refuses it
+    generation = estate.desired_generation()
+    try:
+        status = wait_until(
+            lambda: (
+                (s := estate.status())["state"] == "FAILED"
+                and s["last_report"]["generation"] == generation
+                and s
+            ),
+            30,
+            "the gateway FAILED on the NACKed policy set",
+        )
+        report = status["last_report"]
+        assert report["reason"] == "NACK"
+        assert "RSA key shorter than 2048 bits" in report["detail"]  # the service's own words
+        assert int(status["acknowledged_generation"]) < generation
+        [refused] = authz_events(estate, "policy set refused")[nacks_before:]
+        assert "2048" in refused["error"]
+        # Previous decisions unchanged: same Envoy configuration, same policy set, same answers.
+        assert estate.envoy.versions() == envoy_before
+        assert route_policy_version(estate, token) == version_before
+        assert get(estate, token).status_code == 200
+        assert get(estate, idp.mint(tenant="demo", scope="orders:write")).status_code == 403
+    finally:
+        [weak] = [i for i in estate.admin.get("/v1/tenants/demo/issuers").json() if "weak" in i["issuer"]]
+        assert estate.admin.delete(f"/v1/tenants/demo/issuers/{weak['issuer_id']}").is_success
+        estate.wait_synced()
+    assert get(estate, token).status_code == 200
+
+
+def test_route_built_with_set_n_is_decided_with_n_while_n_plus_1_rolls_out(estate, idp):
+    """Envoy is held still (SIGSTOP) after the service took set N+1, so the publication is caught
+    between the two: the gateway is PENDING, Envoy's routes still name set N, and the Check such a
+    route sends (replayed over gRPC to the real service) is decided with N's scopes."""
+    reader = idp.mint(tenant="demo", scope="orders:read")
+    writer = idp.mint(tenant="demo", scope="orders:write")
+    assert get(estate, reader).status_code == 200
+    set_n = route_policy_version(estate, reader)
+    accepted_before = len(authz_events(estate, "policy set accepted"))
+    envoy = estate.envoy.proc
+    assert envoy is not None
+    os.kill(envoy.pid, signal.SIGSTOP)
+    try:
+        body = {
+            "name": "orders",
+            "upstream_url": estate.upstream.url,
+            "methods": ["GET"],
+            "auth": {"mode": "jwt", "scopes": ["orders:write"]},
+        }
+        assert estate.admin.put("/v1/tenants/demo/apis/orders", json=body).is_success
+        accepted = wait_until(
+            lambda: authz_events(estate, "policy set accepted")[accepted_before:],
+            15,
+            "stoa-authz to accept set N+1",
+        )
+        set_n1 = accepted[-1]["policy_set_version"]
+        assert set_n1 != set_n
+        assert estate.status()["state"] == "PENDING"  # Envoy has not acknowledged its part
+        # A request on a route built with N: N's scope requirement holds, not N+1's.
+        assert direct_check(estate, reader, set_n).status.code == code_pb2.OK
+        assert direct_check(estate, writer, set_n).denied_response.status.code == 403
+        # The same request on a route built with N+1 follows N+1.
+        assert direct_check(estate, reader, set_n1).denied_response.status.code == 403
+        assert direct_check(estate, writer, set_n1).status.code == code_pb2.OK
+    finally:
+        os.kill(envoy.pid, signal.SIGCONT)
+    estate.wait_synced()
+    assert route_policy_version(estate, reader) == set_n1
+    assert get(estate, writer).status_code == 200
+    assert get(estate, reader).status_code == 403
+    # Set N is still kept for routes built with it.
+    assert direct_check(estate, reader, set_n).status.code == code_pb2.OK
+
+
+@pytest.fixture(scope="module")
+def unconfigured(postgres: EmbeddedPostgres, tmp_path_factory) -> Iterator[Estate]:
+    """stoa-authz without STOA_AUTHZ_AUDIENCE (development: it starts, warns and denies)."""
+    options = EstateOptions(authz="service", authz_env={"STOA_AUTHZ_AUDIENCE": ""})
+    with Estate(options, postgres=postgres, run_dir=tmp_path_factory.mktemp("estate-no-aud")) as running:
+        running.wait_synced(running.publish("open", tenant_id="demo", auth={"mode": "none", "scopes": []}))
+        running.wait_synced(
+            running.publish("orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"]})
+        )
+        yield running
+
+
+def test_without_audience_every_request_is_denied_and_not_ready(unconfigured, idp):
+    token = idp.mint(tenant="demo", scope="orders:read", audience="")
+    for path, headers in (("/apis/open/x", {}), (PATH, {"authorization": f"Bearer {token}"})):
+        reply = unconfigured.gateway.get(unconfigured.url(path), headers=headers)
+        assert reply.status_code == 503, (path, reply.text)
+    ready = httpx.get(f"{unconfigured.site.authz_http_url}/health/ready")
+    assert ready.status_code == 503
+    assert ready.json() == {"status": "not_configured"}
+    with grpc.insecure_channel(unconfigured.site.ext_authz_address) as channel:
+        health = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=5
+        )
+    assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    reasons = [e["reason"] for e in authz_events(unconfigured, "ext_authz_decision")]
+    assert reasons[-2:] == ["not_configured", "not_configured"]
+
+
+@pytest.mark.parametrize(
+    ("scopes", "message"),
+    [("", "STOA_AUTHZ_REQUIRED_SCOPES is empty"), ("orders:read, ,admin", "blank entry")],
+)
+def test_production_with_bad_scope_list_does_not_start(tmp_path, scopes, message):
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "STOA_ENV": "production",
+        "STOA_AUTHZ_AUDIENCE": AUDIENCE,
+        "STOA_AUTHZ_REQUIRED_SCOPES": scopes,
+        # Everything else production needs is present, so the scope list is what refuses start-up.
+        "STOA_AUTHZ_TLS_CA": str(tmp_path / "ca.pem"),
+        "STOA_AUTHZ_TLS_CERT": str(tmp_path / "cert.pem"),
+        "STOA_AUTHZ_TLS_KEY": str(tmp_path / "key.pem"),
+        "STOA_AUTHZ_SIGNING_KEY_FILE": str(tmp_path / "signing.pem"),
+    }
+    done = subprocess.run(
+        [console_script("stoa-authz")], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2
+    assert "refusing to start in production" in done.stderr
+    assert message in done.stderr
