@@ -7,16 +7,25 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, Request
 
 from stoa_cp import problems, store, trust
 from stoa_cp.auth import digest
 from stoa_cp.events import InventoryEvents
 from stoa_cp.inventory import InventoryCache
 from stoa_cp.routers import apis, gateways, health, issuers, link, policies, tenants
+from stoa_cp.schemas import unstorable
 from stoa_cp.settings import Settings
 
 log = logging.getLogger("stoa_cp")
+
+
+async def storable_path(request: Request) -> None:
+    """A path parameter PostgreSQL cannot hold (a NUL, say) is a 422 naming it, never a 500."""
+    for name, value in request.path_params.items():
+        found = unstorable(value, name)
+        if found is not None:
+            raise problems.invalid(*found)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -49,6 +58,7 @@ def create_app(settings: Settings) -> FastAPI:
         version="0.1.0",
         description="Tenants, APIs, gateways, policies and trusted issuers; publication over SSE.",
         lifespan=lifespan,
+        dependencies=[Depends(storable_path)],
     )
     app.state.settings = settings
     app.state.admin_digests = [digest(token) for token in settings.admin_tokens]

@@ -17,6 +17,7 @@ import asyncpg
 from stoa_cp.publish import CHANNEL, parse_payload
 
 log = logging.getLogger("stoa_cp")
+LISTENER_NAME = "stoa-cp-listen"
 
 
 class InventoryEvents:
@@ -70,7 +71,8 @@ class InventoryEvents:
         while True:
             conn: asyncpg.Connection | None = None
             try:
-                conn = await asyncpg.connect(self._dsn)
+                # Named, so an operator (or a test) can tell the listening connection in pg_stat_activity.
+                conn = await asyncpg.connect(self._dsn, server_settings={"application_name": LISTENER_NAME})
                 await conn.add_listener(CHANNEL, self._on_notify)
                 backoff = 0.2
                 self.listening.set()

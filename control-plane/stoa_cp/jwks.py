@@ -10,6 +10,7 @@ import httpx
 from joserfc.jwk import JWKRegistry
 
 from stoa_cp.problems import Problem
+from stoa_cp.schemas import unstorable
 
 ALLOWED_KTY = ("RSA", "EC", "OKP")
 # Members that only a private (or symmetric) key carries; a site must never receive them.
@@ -31,6 +32,9 @@ def check(doc: object, field: str) -> dict[str, Any]:
     """Return the JWKS as {"keys": [...]} or raise JwksError naming the bad member under `field`."""
     if not isinstance(doc, dict):
         raise JwksError(field, "must be a JSON object with a 'keys' array")
+    found = unstorable(doc, field)
+    if found is not None:
+        raise JwksError(*found)
     keys = doc.get("keys")
     if not isinstance(keys, list) or not keys:
         raise JwksError(f"{field}.keys", "must be a non-empty array of keys")

@@ -19,6 +19,8 @@ from stoa_cp.schemas import HTTP_METHODS
 _WILDCARD_ORIGIN = re.compile(r"^https?://\*(\.[A-Za-z0-9-]+){2,}(:\d{1,5})?$")
 _EXACT_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:\d{1,5})?$|^https?://\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
 _HEADER = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+# Envoy's token bucket and the Link take 32-bit unsigned counts; a larger value would be refused there.
+MAX_COUNT = 2**32 - 1
 
 
 def _origin(value: str) -> str:
@@ -65,13 +67,13 @@ class CorsConfig(_Config):
     allowedMethods: list[Method] = []
     allowedHeaders: list[Header] = []
     exposeHeaders: list[Header] = []
-    maxAge: StrictInt | None = Field(default=None, ge=0)
+    maxAge: StrictInt | None = Field(default=None, ge=0, le=MAX_COUNT)
     allowCredentials: StrictBool = False
 
 
 class RateLimitConfig(_Config):
-    maxRequests: StrictInt = Field(ge=1)
-    intervalSeconds: StrictInt = Field(ge=1)
+    maxRequests: StrictInt = Field(ge=1, le=MAX_COUNT)
+    intervalSeconds: StrictInt = Field(ge=1, le=MAX_COUNT)
 
 
 class IpFilterConfig(_Config):

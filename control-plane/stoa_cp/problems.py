@@ -91,6 +91,12 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         errors = []
         for err in exc.errors():
+            if err.get("type") == "json_invalid":
+                # loc is ("body", character offset): the field is the body itself.
+                where = err.get("loc", ("body", 0))[-1]
+                reason = (err.get("ctx") or {}).get("error", "malformed")
+                errors.append(("body", f"is not valid JSON ({reason} at character {where})"))
+                continue
             message = str(err.get("msg", "invalid"))
             # Custom validators raise ValueError("..."): pydantic prefixes it, which helps nobody.
             message = message.removeprefix("Value error, ")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -11,11 +13,61 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
-Name = Annotated[str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True)]
+# JSON numbers travel in the inventory as protobuf Struct doubles: larger integers would not survive.
+MAX_JSON_INTEGER = 2**53
+MAX_URL_LENGTH = 2048
 
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 _PATH = re.compile(r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*$")
 _SCOPE = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]{1,128}$")  # RFC 6749 scope-token characters
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+_IP_LIKE = re.compile(r"^[0-9.]+$|:")
+
+
+def unstorable(value: object, where: str) -> tuple[str, str] | None:
+    """(field, why) for the first part of a JSON value the store or the inventory cannot carry as
+    given (NUL or unpaired surrogates in text, NaN/Infinity, integers beyond ±2^53), else None."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return where, "must not contain a NUL character"
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return where, "must be valid Unicode text (no unpaired surrogates)"
+    elif isinstance(value, float) and not math.isfinite(value):
+        return where, "must be a finite number"
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_JSON_INTEGER:
+        return where, f"must be an integer within ±{MAX_JSON_INTEGER}"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = unstorable(key, where) or unstorable(item, f"{where}.{key}")
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = unstorable(item, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def _storable(value: Any) -> Any:
+    found = unstorable(value, "")
+    if found:
+        where, why = found
+        raise ValueError(f"{why} (at {where.lstrip('.')})" if where else why)
+    return value
+
+
+def _host(host: str) -> None:
+    """An IP literal or an ASCII DNS name, as the Link accepts it (IDNs go in their xn-- form)."""
+    if _IP_LIKE.search(host):
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"host {host!r} is not a valid IP address") from None
+    elif not all(_HOST_LABEL.match(label) for label in host.split(".")):
+        raise ValueError(f"host {host!r} is not a DNS name (letters, digits and '-' per label; IDNs as xn--)")
 
 
 def _upstream_url(value: str) -> str:
@@ -26,14 +78,22 @@ def _upstream_url(value: str) -> str:
         raise ValueError("must name a host")
     if parts.username is not None or parts.password is not None:
         raise ValueError("must not carry credentials")
-    if parts.query or parts.fragment:
+    if parts.query or parts.fragment or "?" in value or "#" in value:
         raise ValueError("must not have a query or fragment")
     try:
-        _ = parts.port
+        port = parts.port
     except ValueError:
         raise ValueError("has an invalid port") from None
+    if port == 0:
+        raise ValueError("has an invalid port (0)")
     if any(c.isspace() for c in value):
         raise ValueError("must not contain whitespace")
+    _host(parts.hostname)
+    if parts.path:
+        try:
+            _path_prefix(parts.path)
+        except ValueError as exc:
+            raise ValueError(f"path {exc}") from None
     return value
 
 
@@ -68,14 +128,23 @@ def _http_url(value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("must be an http:// or https:// URL")
+    # Credentials in a URL would be stored, shown and echoed in errors: never accepted.
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("must not carry credentials")
     return value
 
 
-UpstreamUrl = Annotated[str, AfterValidator(_upstream_url)]
-PathPrefix = Annotated[str, AfterValidator(_path_prefix)]
+Name = Annotated[
+    str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True), AfterValidator(_storable)
+]
+JsonObject = Annotated[dict[str, Any], AfterValidator(_storable)]
+UpstreamUrl = Annotated[str, StringConstraints(max_length=MAX_URL_LENGTH), AfterValidator(_upstream_url)]
+PathPrefix = Annotated[str, StringConstraints(max_length=MAX_URL_LENGTH), AfterValidator(_path_prefix)]
 Methods = Annotated[list[str], Field(min_length=1), AfterValidator(_methods)]
 Scopes = Annotated[list[str], AfterValidator(_scopes)]
-HttpUrl = Annotated[str, AfterValidator(_http_url)]
+HttpUrl = Annotated[
+    str, StringConstraints(max_length=MAX_URL_LENGTH), AfterValidator(_storable), AfterValidator(_http_url)
+]
 
 
 class Strict(BaseModel):
@@ -172,7 +241,7 @@ class GatewayStatus(BaseModel):
 # -- policies -----------------------------------------------------------------------------------
 class TenantPolicyFields(Strict):
     type: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
-    config: dict[str, Any]
+    config: JsonObject
     scope: Literal["tenant", "api"]
     targets: list[Identifier] = []
 
@@ -187,7 +256,7 @@ class TenantPolicyUpdate(TenantPolicyFields):
 
 class GatewayPolicyFields(Strict):
     type: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
-    config: dict[str, Any]
+    config: JsonObject
 
 
 class GatewayPolicyIn(GatewayPolicyFields):
@@ -210,9 +279,9 @@ class PolicyOut(BaseModel):
 
 # -- issuers ------------------------------------------------------------------------------------
 class IssuerIn(Strict):
-    issuer: Annotated[HttpUrl, StringConstraints(max_length=2048)]
+    issuer: HttpUrl
     jwks_uri: HttpUrl | None = None
-    jwks: dict[str, Any] | None = None
+    jwks: JsonObject | None = None
 
 
 class IssuerOut(BaseModel):

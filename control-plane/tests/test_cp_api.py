@@ -139,6 +139,16 @@ BAD_APIS = [
     ({"auth": {"mode": "basic"}}, "auth.mode"),
     ({"auth": {"mode": "jwt", "scopes": ["has space"]}}, "auth.scopes"),
     ({"surprise": 1}, "surprise"),
+    # What PostgreSQL cannot store, and upstreams the Link would refuse, are refused here already.
+    ({"name": "a\u0000b"}, "name"),
+    ({"upstream_url": "http://h\u00e9llo.example"}, "upstream_url"),
+    ({"upstream_url": "http://under_score.example"}, "upstream_url"),
+    ({"upstream_url": "http://1.2.3.4.5"}, "upstream_url"),
+    ({"upstream_url": "http://host:0"}, "upstream_url"),
+    ({"upstream_url": "http://host/a//b"}, "upstream_url"),
+    ({"upstream_url": "http://host/?"}, "upstream_url"),
+    ({"upstream_url": "http://host/" + "a" * 5000}, "upstream_url"),
+    ({"path_prefix": "/" + "a" * 5000}, "path_prefix"),
 ]
 
 
@@ -151,6 +161,55 @@ async def test_bad_api_input_is_422_naming_the_field_and_changes_nothing(api, ov
     assert response.status_code == 422, response.text
     assert field in problem_fields(response)
     assert (await api.admin.get(f"/v1/tenants/{tenant_id}/apis")).json() == []
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"tenant_id": "t", "name": ', "body"),
+        (b"\xff\xfe", "body"),
+        (b"[1, 2]", "body"),
+        (b'{"tenant_id": "t", "name": NaN}', "name"),
+        (b'{"tenant_id": "t", "name": "a\\ud800b"}', "name"),
+        (b'{"tenant_id": ["t"], "name": "x"}', "tenant_id"),
+    ],
+)
+async def test_malformed_json_is_422_naming_the_field(api, body, field) -> None:
+    before = (await api.admin.get("/v1/tenants")).json()
+    response = await api.admin.post("/v1/tenants", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert problem_fields(response) == [field]
+    assert (await api.admin.get("/v1/tenants")).json() == before
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "field"),
+    [
+        ("GET", "/v1/tenants/a%00b/apis", "tenant_id"),
+        ("GET", "/v1/tenants/{tenant}/apis/a%00b", "api_id"),
+        ("GET", "/v1/gateways/a%00b/status", "gateway_id"),
+        ("PUT", "/v1/gateways/{gateway}/deployments/a%00b", "api_id"),
+        ("DELETE", "/v1/tenants/{tenant}/issuers/a%00b", "issuer_id"),
+        ("GET", "/v1/tenants/{tenant}/policies/a%00b", "policy_id"),
+        ("GET", "/v1/gateways/a%00b/config", "gateway_id"),
+    ],
+)
+async def test_an_id_the_store_cannot_hold_is_422_naming_it(api, method, path, field) -> None:
+    tenant_id = await api.tenant()
+    gateway_id, _ = await api.gateway()
+    response = await api.admin.request(method, path.format(tenant=tenant_id, gateway=gateway_id))
+    assert response.status_code == 422, response.text
+    assert problem_fields(response) == [field]
+    assert await api.generation(gateway_id) == 1
+
+
+async def test_unicode_and_slashed_ids_are_unknown_not_errors(api) -> None:
+    for path in ("/v1/gateways/%C3%BC/status", "/v1/tenants/%C3%BC/apis", "/v1/gateways/" + "x" * 5000):
+        response = await api.admin.get(path)
+        assert response.status_code == 404, (path, response.text)
+        assert response.headers["content-type"].startswith(PROBLEM)
+    # An encoded slash does not match a route: a plain 404 problem, not a 500.
+    assert (await api.admin.get("/v1/gateways/a%2Fb/status")).status_code == 404
 
 
 async def test_missing_fields_are_each_named(api) -> None:

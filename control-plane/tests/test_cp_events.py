@@ -14,8 +14,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import asyncpg
 import httpx
 import pytest
+from stoa_cp.events import LISTENER_NAME
 
 
 @dataclass
@@ -133,6 +135,44 @@ async def test_resume_with_last_event_id_sends_only_newer_generations(api) -> No
         )
     assert bad.status_code == 422
     assert bad.json()["errors"][0]["field"] == "Last-Event-ID"
+
+
+async def test_lost_listen_connection_is_reopened_and_streams_catch_up(api) -> None:
+    """The LISTEN connection dropping loses the notifications of that moment; after it comes back,
+    every open stream re-reads its generation, so the change made meanwhile is still streamed."""
+    tenant_id = await api.tenant()
+    gateway_id, credential = await api.gateway()
+    api_id = await api.new_api(tenant_id)
+    conn = await asyncpg.connect(api.cp.dsn)
+    try:
+        async with stream(api.cp.url, gateway_id, credential) as sse:
+            assert (await sse.next_event()).id == "1"
+            killed = await conn.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name = $1 AND datname = current_database()",
+                LISTENER_NAME,
+            )
+            assert killed == 1
+            # Committed while nobody listens: its NOTIFY reaches no one.
+            generation = await api.deploy(gateway_id, api_id)
+            event = await sse.next_event(within=20)
+            assert event.id == str(generation) == "2"
+            assert [r["route_id"] for r in json.loads(event.data)["routes"]] == [api_id]
+
+            async def listening_again() -> bool:
+                count = await conn.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE application_name = $1 AND datname = current_database()",
+                    LISTENER_NAME,
+                )
+                return bool(count == 1)
+
+            await api.wait_for(listening_again, 20, "the CP to LISTEN again")
+            # And later changes arrive through the new LISTEN connection.
+            await api.admin.delete(f"/v1/gateways/{gateway_id}/deployments/{api_id}")
+            assert (await sse.next_event(within=10)).id == "3"
+    finally:
+        await conn.close()
 
 
 async def test_several_changes_while_away_resume_with_the_latest_complete_state(api) -> None:

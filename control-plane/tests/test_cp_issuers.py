@@ -161,6 +161,9 @@ BAD_ISSUERS = [
     ),
     ({"issuer": "not-a-url", "jwks": {"keys": [public_jwk("a")]}}, "issuer"),
     ({"issuer": "https://i.example", "jwks_uri": "ftp://x/j"}, "jwks_uri"),
+    ({"issuer": "https://i.example", "jwks_uri": "https://user:s3cret@idp.example/j"}, "jwks_uri"),
+    ({"issuer": "https://i\u0000.example", "jwks": {"keys": [public_jwk("a")]}}, "issuer"),
+    ({"issuer": "https://i.example", "jwks": {"keys": [{**public_jwk("a"), "x5u": "\u0000"}]}}, "jwks"),
 ]
 
 
@@ -173,6 +176,7 @@ async def test_bad_issuer_is_422_naming_the_field_and_stores_nothing(
     response = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers", json=body)
     assert response.status_code == 422, response.text
     assert [e["field"] for e in response.json()["errors"]] == [field]
+    assert "s3cret" not in response.text
     assert (await api.admin.get(f"/v1/tenants/{tenant_id}/issuers")).json() == []
     assert await api.generation(gateway_id) == before
 

@@ -31,6 +31,14 @@ BAD_CONFIGS = [
     ("ip_filter", {"mode": "allow", "ip_list": ["10.0.0.300"]}, "config.ip_list[0]"),
     ("ip_filter", {"mode": "deny", "ip_list": ["::1", "10.0.0.1/8"]}, "config.ip_list[1]"),
     ("ip_filter", {"mode": "deny", "ip_list": []}, "config.ip_list"),
+    # Above what Envoy's token bucket (and the Link) take.
+    ("rate_limit", {"maxRequests": 2**32, "intervalSeconds": 1}, "config.maxRequests"),
+    ("rate_limit", {"maxRequests": 5, "intervalSeconds": 2**32}, "config.intervalSeconds"),
+    ("cors", {"allowedOrigins": ["*"], "maxAge": 2**32}, "config.maxAge"),
+    # What the store or the inventory (protobuf Struct, doubles) cannot carry as given.
+    ("logging", {"field": "a\u0000b"}, "config"),
+    ("transform", {"deep": [{"n": 10**400}]}, "config"),
+    ("caching", {"ttl": 2**60}, "config"),
 ]
 
 

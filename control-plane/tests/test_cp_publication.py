@@ -201,6 +201,7 @@ async def test_bad_sync_reports_are_422_and_change_nothing(api) -> None:
             "gateway_id",
         ),
         ({"generation": 1, "status": "SYNCED", "snapshot_version": "v", "extra": 1}, "body"),
+        ({"generation": 1, "status": "FAILED", "reason": "NACK", "detail": "a\u0000b"}, "detail"),
     ]
     for fields, field in cases:
         response = await report(api, gateway_id, credential, **fields)

@@ -14,7 +14,7 @@ from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.rpc import status_pb2
 from stoa_link import certs
-from stoa_link.ads import AdsServer, TlsMaterial
+from stoa_link.ads import AdsServer, TlsMaterial, _identity
 from stoa_link.snapshot import (
     AUTHZ_POLICY_SET,
     CLUSTER,
@@ -286,3 +286,38 @@ async def test_without_authz_identity_policy_set_is_not_waited_for(tls_dir: Path
 def test_tls_files_missing_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="stoa-link certs"):
         TlsMaterial.server_from_dir(tmp_path)
+
+
+class _Context:
+    """Just the part of a grpc ServicerContext `_identity` reads."""
+
+    def __init__(self, auth: dict[str, list[bytes]]) -> None:
+        self._auth = auth
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return self._auth
+
+
+@pytest.mark.parametrize(
+    ("auth", "identity", "why"),
+    [
+        ({"ssl_tls_version": [b"TLSv1.3"], "peer_uri": [ENVOY.encode()]}, ENVOY, ""),
+        # grpcio cannot refuse TLS 1.2 in the handshake: the servicer must.
+        ({"ssl_tls_version": [b"TLSv1.2"], "peer_uri": [ENVOY.encode()]}, None, "TLS 1.3 required"),
+        ({"peer_uri": [ENVOY.encode()]}, None, "TLS 1.3 required"),
+        (
+            {"ssl_tls_version": [b"TLSv1.3"], "peer_uri": [ENVOY.encode(), AUTHZ.encode()]},
+            None,
+            "exactly one",
+        ),
+        (
+            {"ssl_tls_version": [b"TLSv1.3"], "x509_subject_alternative_name": [b"localhost"]},
+            None,
+            "exactly one",
+        ),
+    ],
+)
+def test_identity_needs_tls_1_3_and_a_single_uri_san(auth, identity, why) -> None:
+    found, reason = _identity(_Context(auth))  # type: ignore[arg-type]
+    assert found == identity
+    assert why in reason

@@ -15,7 +15,7 @@ from stoa_cp.auth import Db, require_gateway
 from stoa_cp.inventory import InventoryCache
 from stoa_cp.problems import PROBLEM_RESPONSES, Problem, invalid, not_found
 from stoa_cp.routers.gateways import gateway_status
-from stoa_cp.schemas import GatewayStatus
+from stoa_cp.schemas import GatewayStatus, unstorable
 
 router = APIRouter(prefix="/v1/gateways/{gateway_id}", tags=["gateway link"], responses=PROBLEM_RESPONSES)
 Gateway = Annotated[str, Depends(require_gateway)]
@@ -101,6 +101,9 @@ async def post_sync_report(
         Body(description="stoa.inventory.v1.SyncReport as proto3 JSON", examples=[_REPORT_EXAMPLE]),
     ],
 ) -> GatewayStatus:
+    found = unstorable(body, "")
+    if found is not None:
+        raise invalid(found[0].lstrip(".") or "body", found[1])
     report = inventory_pb2.SyncReport()
     try:
         json_format.ParseDict(body, report)

@@ -204,7 +204,8 @@ def _upstream(url: str, where: str) -> tuple[Backend, str]:
         port = parts.port
     except ValueError:
         raise bad from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    # Port 0 is no port: without this check `port or default_port` would quietly dial 80/443.
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
         raise bad
     if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
         raise bad
