@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m stoa_harness.bench` (see __main__)."""

@@ -1,0 +1,94 @@
+"""`python -m stoa_harness.bench`: every scenario in one estate, then the report.
+
+Order: data path (one route) → churn (100 routes) → publication ladder 100 / 1,000 / 3,000 routes
+(footprint at 5,000) / 10,000, then the 1-route change and the full publication at 10,000.
+`BENCH_QUICK=1`: the same route counts and report keys, fewer repetitions and shorter load phases
+(under 5 minutes on 2 cores). Results go to `bench/results/<date>/` at the repository root
+(`BENCH_RESULTS_DIR` overrides), and the summary table is printed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stoa_harness.bench import churn, data_path, footprint, publication, report
+from stoa_harness.bench.rig import Rig
+
+REPO = Path(__file__).resolve().parents[3]
+LADDER = (100, 1_000, 3_000, 10_000)
+FOOTPRINT_ROUTES = 5_000
+
+
+@dataclass(frozen=True)
+class Plan:
+    quick: bool
+    reps: int  # data-path repetitions per variant (each with its own proxy-only baseline)
+    load_s: float  # one wrk phase
+    one_conn_s: float
+    publications: int  # new-route samples per route count
+    changes: int  # 1-route change samples at 10,000
+    full: int  # full-publication samples
+    rest_window_s: float  # footprint CPU window
+
+
+FULL = Plan(
+    quick=False, reps=5, load_s=10, one_conn_s=5, publications=20, changes=5, full=3, rest_window_s=10
+)
+QUICK = Plan(quick=True, reps=3, load_s=2, one_conn_s=2, publications=5, changes=3, full=2, rest_window_s=3)
+
+
+def run(plan: Plan, run_dir: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    phases: dict[str, float] = {}
+    out: dict[str, Any] = {}
+    with Rig(run_dir) as rig:
+        mark = time.monotonic()
+        out["data_path"] = data_path.run(
+            rig, reps=plan.reps, duration_s=plan.load_s, one_conn_duration_s=plan.one_conn_s
+        )
+        phases["data_path"], mark = time.monotonic() - mark, time.monotonic()
+        out["churn"] = churn.run(rig)
+        phases["churn"], mark = time.monotonic() - mark, time.monotonic()
+        ladder = publication.Ladder(rig)
+        samples: dict[int, list[float]] = {}
+        for count in LADDER:
+            if count > FOOTPRINT_ROUTES and "footprint" not in out:
+                ladder.grow_to(FOOTPRINT_ROUTES)
+                out["footprint"] = footprint.run(rig, window_s=plan.rest_window_s)
+            ladder.grow_to(count)
+            samples[count] = ladder.new_routes(plan.publications)
+            print(
+                f"bench: {count:,} routes: new route p99 {report.percentile(samples[count], 99):.0f} ms",
+                file=sys.stderr,
+            )
+        change = ladder.one_change(plan.changes)
+        full = ladder.full(plan.full)
+        out["publication"] = publication.summarise(samples, change, full)
+        phases["publication_and_footprint"] = time.monotonic() - mark
+    out["phase_seconds"] = phases
+    out["total_seconds"] = time.monotonic() - started
+    return out
+
+
+def main() -> int:
+    plan = QUICK if os.environ.get("BENCH_QUICK", "") not in ("", "0") else FULL
+    date = datetime.date.today().isoformat()
+    target = Path(os.environ.get("BENCH_RESULTS_DIR") or REPO / "bench" / "results" / date)
+    with tempfile.TemporaryDirectory(prefix="stoa-bench-") as tmp:
+        results = run(plan, Path(tmp))
+    results = {"date": date, "quick": plan.quick, "environment": report.environment(REPO), **results}
+    text = report.write(results, target)
+    print(text)
+    print(f"report: {target / 'report.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Publication: how fast a published route serves, with 100 … 10,000 routes already published.
+
+- New route: the API is created first (no publication), then the deployment call `PUT
+  /v1/gateways/{g}/deployments/{api}` is timed from its return to the first 200 through Envoy (the
+  listener polled every POLL_S on fresh connections). Each sample starts from a SYNCED gateway.
+- 1-route change at 10,000: an API edit (`PUT …/apis/{api}` moving its path prefix) timed from its
+  return to the CP status SYNCED at that generation, and to the new path answering 200.
+- Full publication of 10,000 routes ("deploy-all"): the bench routes are undeployed in one
+  generation, then all deployed again in one transaction (see `Rig.bulk_deploy`); timed from that
+  commit to SYNCED, and to the last route answering 200. It runs the whole pipeline once for all
+  10,000 routes: CP inventory → SSE → Link guard + translation → authz policy set ACK → Envoy
+  CDS/LDS/RDS ACK → sync report.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from stoa_harness.bench.report import percentile, spread
+from stoa_harness.bench.rig import TENANT, Rig
+from stoa_harness.estate import checked
+from stoa_harness.wait import wait_until
+
+POLL_S = 0.005
+PREFIX = "pub"
+
+
+class Ladder:
+    """The bench routes published so far (`pub-NNNNN`), grown in bulk between measurements."""
+
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+        self.ids: list[str] = []
+
+    def grow_to(self, count: int) -> None:
+        new = [f"{PREFIX}-{i:05d}" for i in range(len(self.ids), count)]
+        if new:
+            self.rig.estate.wait_synced(self.rig.bulk_deploy(new), timeout=120)
+            self.ids += new
+
+    def _serving(self, path: str, deadline_s: float = 30.0) -> float:
+        start = time.perf_counter()
+        wait_until(lambda: self.rig.answers(path), deadline_s, f"{path} answering 200", interval=POLL_S)
+        return time.perf_counter() - start
+
+    def new_routes(self, samples: int) -> list[float]:
+        """`samples` publications through the CP API; ms from the deployment call's return to 200."""
+        estate = self.rig.estate
+        out = []
+        for _ in range(samples):
+            api_id = f"{PREFIX}-{len(self.ids):05d}"
+            checked(estate.admin.post(f"/v1/tenants/{TENANT}/apis", json=self.rig.api_body(api_id)))
+            checked(estate.admin.put(f"/v1/gateways/{estate.gateway_id}/deployments/{api_id}"))
+            out.append(self._serving(f"/apis/{api_id}/x") * 1000)
+            self.ids.append(api_id)
+            estate.wait_synced(timeout=60)
+        return out
+
+    def one_change(self, samples: int) -> dict[str, Any]:
+        """Edit one API's path prefix; ms to SYNCED and ms to the new path serving."""
+        estate = self.rig.estate
+        synced_ms, serving_ms = [], []
+        for n in range(samples):
+            api_id = self.ids[n]
+            new_prefix = f"/apis/{api_id}-moved-{n}"
+            body = self.rig.api_body(api_id, path_prefix=new_prefix)
+            checked(estate.admin.put(f"/v1/tenants/{TENANT}/apis/{api_id}", json=body))
+            start = time.perf_counter()
+            target = estate.desired_generation()
+            marks: dict[str, float] = {}
+
+            def both(
+                target: int = target,
+                prefix: str = new_prefix,
+                marks: dict[str, float] = marks,
+                start: float = start,
+            ) -> bool:
+                now = time.perf_counter() - start
+                if "serving" not in marks and self.rig.answers(f"{prefix}/x"):
+                    marks["serving"] = now
+                if "synced" not in marks:
+                    status = estate.status()
+                    if status["state"] == "FAILED":
+                        raise AssertionError(f"1-route change FAILED: {status['last_report']}")
+                    if (
+                        int(status.get("acknowledged_generation") or 0) >= target
+                        and status["state"] == "SYNCED"
+                    ):
+                        marks["synced"] = now
+                return len(marks) == 2
+
+            wait_until(both, 60, "1-route change SYNCED and serving", interval=POLL_S)
+            synced_ms.append(marks["synced"] * 1000)
+            serving_ms.append(marks["serving"] * 1000)
+        return {
+            "synced_ms": spread(synced_ms),
+            "serving_ms": spread(serving_ms),
+            "samples_synced_ms": synced_ms,
+            "samples_serving_ms": serving_ms,
+        }
+
+    def full(self, samples: int) -> dict[str, Any]:
+        """Undeploy every bench route, then deploy all of them in one generation; s to SYNCED/serving."""
+        estate = self.rig.estate
+        synced_s, serving_s = [], []
+        last_path = f"/apis/{self.ids[-1]}/x"
+        for _ in range(samples):
+            estate.wait_synced(self.rig.bulk_undeploy(self.ids), timeout=120)
+            wait_until(lambda: self.rig.answers(last_path, 404), 30, f"{last_path} gone")
+            generation = self.rig.bulk_deploy(self.ids, create=False)
+            start = time.perf_counter()
+            estate.wait_synced(generation, timeout=120)
+            synced_s.append(time.perf_counter() - start)
+            wait_until(lambda: self.rig.answers(last_path), 30, f"{last_path} serving", interval=POLL_S)
+            serving_s.append(time.perf_counter() - start)
+        return {
+            "synced_s": spread(synced_s),
+            "serving_s": spread(serving_s),
+            "samples_synced_s": synced_s,
+            "samples_serving_s": serving_s,
+            "routes": len(self.ids),
+        }
+
+
+def summarise(
+    samples_ms: dict[int, list[float]], change: dict[str, Any], full: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "new_route_p50_ms": {str(c): percentile(s, 50) for c, s in samples_ms.items()},
+        "new_route_p99_ms": {str(c): percentile(s, 99) for c, s in samples_ms.items()},
+        "samples_ms": {str(c): s for c, s in samples_ms.items()},
+        "full_10000_s": full["synced_s"]["median"],
+        "full_10000_serving_s": full["serving_s"]["median"],
+        "full_10000": full,
+        "one_change_10000_ms": change["synced_ms"]["median"],
+        "one_change_10000_serving_ms": change["serving_ms"]["median"],
+        "one_change_10000": change,
+        "definition": {
+            "new_route": "PUT deployment returned → first 200 through Envoy (fresh connection, 5 ms poll)",
+            "full_10000": "all 10,000 bench routes deployed in one generation (after undeploying them)"
+            " → CP status SYNCED at that generation",
+            "one_change_10000": "PUT API (path prefix moved) returned → SYNCED / new path answering 200",
+            "seeding": "bulk through SQL in one CP-style transaction per step (see rig.py);"
+            " measured publications through the CP API",
+        },
+    }

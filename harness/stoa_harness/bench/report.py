@@ -1,0 +1,223 @@
+"""The report: report.json (the keys of issue 5, the environment, every target with met / by how
+much), summary.md (the table `make bench` prints) and PNG plots (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on a build machine
+import matplotlib.pyplot as plt
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """min / median / max of the repetitions (and how many there were)."""
+    if not values:
+        raise ValueError("no values to summarise")
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile (p99 of 20 samples is the largest: no interpolation between samples)."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * pct // 100))
+    return ordered[int(rank) - 1]
+
+
+def environment(repo: Path) -> dict[str, Any]:
+    from stoa_harness.envoy import envoy_version
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=False
+    )
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True, check=False
+    )
+    return {
+        "cores": os.cpu_count(),
+        "envoy_version": envoy_version(),
+        "git_commit": commit.stdout.strip() or "unknown",
+        "git_dirty": bool(dirty.stdout.strip()),
+        "kernel": os.uname().release,
+    }
+
+
+# (report key, label, unit, bound, "max" = measured must be ≤ bound, "min" = ≥ bound)
+TARGETS: tuple[tuple[str, str, str, float, str], ...] = (
+    ("data_path.authz_ratio", "authz throughput / proxy-only", "x", 0.5, "min"),
+    ("data_path.added_p50_ms_one_conn", "added p50 at one connection", "ms", 0.5, "max"),
+    ("data_path.authz_cpu_us_per_decision", "authz CPU per decision", "µs", 250.0, "max"),
+    ("publication.new_route_p99_ms.3000", "new route serving p99 at 3,000 routes", "ms", 150.0, "max"),
+    ("publication.full_10000_s", "full publication of 10,000 routes", "s", 1.0, "max"),
+    ("publication.one_change_10000_ms", "1-route change at 10,000 routes (SYNCED)", "ms", 200.0, "max"),
+    ("churn.non_2xx", "churn non-2xx responses", "", 0.0, "max"),
+)
+
+
+def lookup(report: dict[str, Any], dotted: str) -> Any:
+    node: Any = report
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def judge(report: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for key, label, unit, bound, kind in TARGETS:
+        measured = float(lookup(report, key))
+        met = measured >= bound if kind == "min" else measured <= bound
+        entry: dict[str, Any] = {
+            "target": f"{'≥' if kind == 'min' else '≤'} {bound:g}{unit and ' ' + unit}",
+            "key": key,
+            "label": label,
+            "measured": measured,
+            "met": met,
+        }
+        if not met:
+            entry["missed_by"] = abs(measured - bound)
+            entry["missed_by_ratio"] = (measured / bound) if bound else None
+        out.append(entry)
+    return out
+
+
+def _fmt(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
+
+
+def summary_markdown(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    lines = [
+        f"# STOA benchmark — {report['date']}{' (BENCH_QUICK)' if report['quick'] else ''}",
+        "",
+        f"{env['cores']} cores, Envoy {env['envoy_version']}, commit {env['git_commit'][:12]}"
+        f"{' (dirty tree)' if env['git_dirty'] else ''}; everything on 127.0.0.1; load from wrk.",
+        "",
+        "| target | measured | bound | met |",
+        "|---|---|---|---|",
+    ]
+    for t in report["targets"]:
+        miss = "" if t["met"] else f" (missed by {_fmt(t['missed_by'])})"
+        lines.append(
+            f"| {t['label']} | {_fmt(t['measured'])} | {t['target']} | {'yes' if t['met'] else 'NO'}{miss} |"
+        )
+    dp = report["data_path"]
+    lines += [
+        "",
+        f"Data path ({dp['connections']} connections, {dp['duration_s']:g} s x {dp['repetitions']}"
+        " repetitions; min / median / max):",
+        "",
+        "| variant | rps | x proxy-only | p50 ms | p99 ms | authz CPU µs/decision |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in dp["variants"].items():
+        ratio = s.get("ratio")
+        cpu = s.get("authz_cpu_us_per_decision")
+        lines.append(
+            f"| {name} | {_tri(s['rps'])} | {_tri(ratio) if ratio else '1'} | {_tri(s['p50_ms'])} | "
+            f"{_tri(s['p99_ms'])} | {_tri(cpu) if cpu else '—'} |"
+        )
+    pub = report["publication"]
+    lines += [
+        "",
+        "Publication (CP API call returned → route answers 200 through Envoy):",
+        "",
+        "| routes already published | p50 ms | p99 ms | n |",
+        "|---|---|---|---|",
+    ]
+    for count, p99 in pub["new_route_p99_ms"].items():
+        lines.append(
+            f"| {int(count):,} | {_fmt(pub['new_route_p50_ms'][count])} | {_fmt(p99)} | "
+            f"{len(pub['samples_ms'][count])} |"
+        )
+    lines += [
+        "",
+        "Full publication of 10,000 routes (deploy-all in one generation → SYNCED):"
+        f" {pub['full_10000_s']:.2f} s"
+        f" (→ serving {pub['full_10000_serving_s']:.2f} s).",
+        f"1-route change at 10,000 routes: → SYNCED {_fmt(pub['one_change_10000_ms'])} ms,"
+        f" → serving {_fmt(pub['one_change_10000_serving_ms'])} ms.",
+        f"Churn: {report['churn']['rounds']} rounds on {report['churn']['routes']} routes,"
+        f" {report['churn']['requests']:,} requests, non-2xx {report['churn']['non_2xx']},"
+        f" socket errors {report['churn']['socket_errors']}.",
+        f"Footprint at 5,000 routes: Link RSS {report['footprint']['link_rss_mib_5000']:.1f} MiB,"
+        f" Link CPU at rest {report['footprint']['link_cpu_percent_at_rest_5000']:.2f} % of a core;"
+        f" metric series {report['footprint']['metric_series']:,}"
+        f" (Envoy {report['footprint']['envoy_metric_series']:,},"
+        f" Link {report['footprint']['link_metric_series']}).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _tri(s: dict[str, float]) -> str:
+    return f"{_fmt(s['min'])} / {_fmt(s['median'])} / {_fmt(s['max'])}"
+
+
+def plots(report: dict[str, Any], out: Path) -> list[str]:
+    written = []
+    dp = report["data_path"]["variants"]
+    names = list(dp)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    med = [dp[n]["rps"]["median"] for n in names]
+    err = [
+        [m - dp[n]["rps"]["min"] for n, m in zip(names, med, strict=True)],
+        [dp[n]["rps"]["max"] - m for n, m in zip(names, med, strict=True)],
+    ]
+    ax.bar(names, med, yerr=err, capsize=4, color=["#888"] + ["#3a7"] * (len(names) - 1))
+    ax.set_ylabel("requests/s (median, min-max)")
+    ax.set_title("Data path throughput")
+    ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(out / "data_path_rps.png", dpi=100)
+    plt.close(fig)
+    written.append("data_path_rps.png")
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for i, key in enumerate(("p50_ms", "p90_ms", "p99_ms")):
+        ax.bar(
+            [x + i * 0.27 for x in range(len(names))],
+            [dp[n][key]["median"] for n in names],
+            width=0.27,
+            label=key.removesuffix("_ms"),
+        )
+    ax.set_xticks([x + 0.27 for x in range(len(names))], names, rotation=30)
+    ax.set_ylabel("latency ms (median of repetitions)")
+    ax.set_title("Data path latency")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "data_path_latency.png", dpi=100)
+    plt.close(fig)
+    written.append("data_path_latency.png")
+
+    pub = report["publication"]
+    counts = list(pub["samples_ms"])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.boxplot([pub["samples_ms"][c] for c in counts], tick_labels=[f"{int(c):,}" for c in counts])
+    ax.axhline(150, color="red", linestyle="--", linewidth=1, label="target p99 at 3,000 (150 ms)")
+    ax.set_xlabel("routes already published")
+    ax.set_ylabel("ms to serving")
+    ax.set_title("New route: CP API call → 200 through Envoy")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "publication.png", dpi=100)
+    plt.close(fig)
+    written.append("publication.png")
+    return written
+
+
+def write(report: dict[str, Any], out: Path) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    report["targets"] = judge(report)
+    report["plots"] = ["data_path_rps.png", "data_path_latency.png", "publication.png"]
+    # The numbers first: a plotting failure must not lose a run.
+    (out / "report.json").write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
+    plots(report, out)
+    text = summary_markdown(report)
+    (out / "summary.md").write_text(text)
+    return text
