@@ -63,6 +63,16 @@ class InventoryStore:
             os.close(dir_fd)
 
 
+# Envoy's error details can be long and may hold any byte; the CP refuses what it cannot store, and a
+# refused report would be lost, so the detail is made storable here.
+MAX_DETAIL_CHARS = 4000
+
+
+def storable_detail(detail: str) -> str:
+    cleaned = "".join(c if c.isprintable() or c in "\n\t" else " " for c in detail)
+    return cleaned.encode("utf-8", "replace").decode("utf-8")[:MAX_DETAIL_CHARS]
+
+
 def _failed(
     gateway_id: str, generation: int, reason: int, detail: str, version: str = ""
 ) -> inventory_pb2.SyncReport:
@@ -71,7 +81,7 @@ def _failed(
         generation=generation,
         status=inventory_pb2.FAILED,
         reason=reason,
-        detail=detail,
+        detail=storable_detail(detail),
         snapshot_version=version,
     )
 

@@ -192,3 +192,11 @@ def test_state_file_write_is_atomic(tmp_path: Path) -> None:
     store.save(inventory(2, "a"))
     assert store.load() == inventory(2, "a")
     assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["last-applied-inventory.json"]
+
+
+def test_failure_detail_is_made_storable() -> None:
+    from stoa_link.agent import MAX_DETAIL_CHARS, storable_detail
+
+    assert storable_detail("bad\x00regex\ud800: (") == "bad regex : ("
+    assert storable_detail("line one\nline two\ttab") == "line one\nline two\ttab"
+    assert len(storable_detail("x" * 10_000)) == MAX_DETAIL_CHARS
