@@ -64,6 +64,7 @@ class InventoryEvents:
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         parsed = parse_payload(str(payload))
         if parsed is not None:
+            log.info("inventory_notified gateway=%s generation=%d", *parsed)
             self._wake(parsed[0])
 
     async def _listen_forever(self) -> None:

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from collections import OrderedDict
 
 import asyncpg
 from google.protobuf import json_format
 from stoa_proto import inventory_pb2
+
+log = logging.getLogger("stoa_cp.inventory")
 
 
 async def build(conn: asyncpg.Connection, gateway_id: str) -> inventory_pb2.Inventory | None:
@@ -129,10 +133,21 @@ class InventoryCache:
             if cached is not None and cached[0] == generation:
                 self._entries.move_to_end(gateway_id)
                 return cached
+            started = time.perf_counter()
             inv = await build(conn, gateway_id)
             if inv is None:
                 return None
+            built = time.perf_counter()
             entry = (int(inv.generation), to_json(inv))
+            log.info(
+                "inventory_built gateway=%s generation=%d routes=%d bytes=%d build_ms=%.1f serialise_ms=%.1f",
+                gateway_id,
+                entry[0],
+                len(inv.routes),
+                len(entry[1]),
+                (built - started) * 1000,
+                (time.perf_counter() - built) * 1000,
+            )
             self._entries[gateway_id] = entry
             self._entries.move_to_end(gateway_id)
             while len(self._entries) > self._max:

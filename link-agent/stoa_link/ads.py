@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import hashlib
 import itertools
 import logging
 import time
@@ -71,6 +73,8 @@ class PublishResult:
     reason: str = ""
     failed_type: str = ""
     detail: str = ""
+    # Milliseconds per stage (packing, each ACK wait), for the Link's logs.
+    timings: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -94,9 +98,12 @@ class _TypeState:
     names: frozenset[str] = frozenset()
     sent_nonce: str = ""
     sent_version: str | None = None
+    sent_digest: str = ""  # content of the latest push (see _digest)
     acked_nonce: str = ""
     acked_version: str | None = None
     nack_detail: str | None = None  # set when the latest push was refused
+    sent_at: float = 0.0  # monotonic time of the latest push, and of its ACK
+    acked_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -124,15 +131,31 @@ class _Served:
     version: str
     resources: tuple[Message, ...]
     packed: tuple[any_pb2.Any, ...]
+    digest: str
 
 
-def _pack(resources: Iterable[Message]) -> tuple[any_pb2.Any, ...]:
-    out = []
+def _pack(type_url: str, resources: Iterable[Message]) -> tuple[tuple[any_pb2.Any, ...], str]:
+    """The resources packed for a response, and the digest of their content.
+
+    One deterministic serialisation feeds both. A site service's policy set is identified by its
+    name and its own `version` (the hash of what the service decides on), not by the generation it
+    also carries: the service keeps the set it loaded for a known version anyway
+    (stoa_authz.policy.PolicyStore), so re-sending it for a new generation only costs a reload.
+    """
+    digest = hashlib.sha256()
+    packed = []
     for res in resources:
-        packed = any_pb2.Any()
-        packed.Pack(res)
-        out.append(packed)
-    return tuple(out)
+        body = res.SerializeToString(deterministic=True)
+        packed.append(any_pb2.Any(type_url=f"type.googleapis.com/{res.DESCRIPTOR.full_name}", value=body))
+        if type_url in SITE_SERVICE_TYPES and getattr(res, "version", ""):
+            body = f"{resource_name(res)}\n{res.version}".encode()  # type: ignore[attr-defined]
+        digest.update(len(body).to_bytes(8, "big"))
+        digest.update(body)
+    return tuple(packed), digest.hexdigest()
+
+
+def _ms(since: float) -> float:
+    return round((time.perf_counter() - since) * 1000, 2)
 
 
 def _identity(context: grpc.aio.ServicerContext) -> tuple[str | None, str]:
@@ -233,8 +256,12 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     async def publish(self, snapshot: Snapshot) -> PublishResult:
         """Serve `snapshot` to every client; SYNCED-worthy only when every client ACKed every type."""
         async with self._publish_lock:
+            started = time.perf_counter()
             await self.wait_for_clients()
-            result = await self._apply(snapshot)
+            timings: dict[str, float] = {"clients_ms": _ms(started)}
+            result = await self._apply(snapshot, timings)
+            timings["publish_ms"] = _ms(started)
+            result = dataclasses.replace(result, timings=timings)
             if result.acked:
                 self._acked = snapshot
                 log.info(
@@ -261,7 +288,7 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             # Nothing was ever acknowledged: stop offering the refused content to clients that connect.
             self._served.clear()
             return
-        back = await self._apply(self._acked)
+        back = await self._apply(self._acked, {})
         if not back.acked:
             log.error(
                 "ads_restore_failed",
@@ -279,15 +306,18 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         wanted = set(types)
         return [san for san, allowed in self._allowed.items() if allowed & wanted]
 
-    async def _apply(self, snapshot: Snapshot) -> PublishResult:
+    async def _apply(self, snapshot: Snapshot, timings: dict[str, float]) -> PublishResult:
         version = snapshot.version
         # Site services first: a route must never reach Envoy before its policy set is in force.
         for type_url in SITE_SERVICE_TYPES:
             readers = self._readers([type_url])
             if not readers or type_url not in snapshot.resources:
                 continue
-            self._serve(type_url, version, snapshot.of(type_url))
-            failure = await self._wait_acked({type_url: version}, readers, version)
+            mark = time.perf_counter()
+            digest = self._serve(type_url, version, snapshot.of(type_url))
+            timings[f"{short(type_url)}_serve_ms"] = _ms(mark)
+            failure = await self._wait_acked({type_url: digest}, readers, version)
+            timings[f"{short(type_url)}_ack_ms"] = _ms(mark)
             if failure:
                 return failure
         readers = self._readers(ENVOY_TYPES)
@@ -299,33 +329,65 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         previous = self._served.get(CLUSTER)
         union = {resource_name(c): c for c in (previous.resources if previous else ())} | new_clusters
         cds_version = version if union.keys() == new_clusters.keys() else f"{version}+{previous.version}"  # type: ignore[union-attr]
-        self._serve(CLUSTER, cds_version, tuple(union[n] for n in sorted(union)))
-        self._serve(LISTENER, version, snapshot.of(LISTENER))
-        self._serve(ROUTE, version, snapshot.of(ROUTE))
-        failure = await self._wait_acked(
-            {CLUSTER: cds_version, LISTENER: version, ROUTE: version}, readers, version
-        )
+        mark, pushed_at = time.perf_counter(), time.monotonic()
+        targets = {
+            CLUSTER: self._serve(CLUSTER, cds_version, tuple(union[n] for n in sorted(union))),
+            LISTENER: self._serve(LISTENER, version, snapshot.of(LISTENER)),
+            ROUTE: self._serve(ROUTE, version, snapshot.of(ROUTE)),
+        }
+        timings["envoy_serve_ms"] = _ms(mark)
+        failure = await self._wait_acked(targets, readers, version)
+        timings["envoy_ack_ms"] = _ms(mark)
+        timings.update(self._ack_times(targets, readers, since=pushed_at))
         if failure:
             return failure
         if cds_version != version:
-            self._serve(CLUSTER, version, snapshot.of(CLUSTER))
-            failure = await self._wait_acked({CLUSTER: version}, readers, version)
+            mark = time.perf_counter()
+            digest = self._serve(CLUSTER, version, snapshot.of(CLUSTER))
+            failure = await self._wait_acked({CLUSTER: digest}, readers, version)
+            timings["cds_removal_ack_ms"] = _ms(mark)
             if failure:
                 return failure
         return PublishResult(True, version)
 
-    def _serve(self, type_url: str, version: str, resources: tuple[Message, ...]) -> None:
-        self._served[type_url] = _Served(version, resources, _pack(resources))
+    def _ack_times(self, targets: Mapping[str, str], readers: list[str], since: float) -> dict[str, float]:
+        """Per type pushed after `since` (monotonic), the slowest stream's push-to-ACK time (ms)."""
+        out: dict[str, float] = {}
+        for stream in self._streams.values():
+            if stream.identity not in readers:
+                continue
+            for type_url in targets:
+                state = stream.types.get(type_url)
+                if state is not None and state.acked_nonce == state.sent_nonce and state.sent_at >= since:
+                    key = f"{short(type_url)}_push_to_ack_ms"
+                    out[key] = max(out.get(key, 0.0), round((state.acked_at - state.sent_at) * 1000, 2))
+        return out
+
+    def _serve(self, type_url: str, version: str, resources: tuple[Message, ...]) -> str:
+        """Serve `resources` as `version` from now on; the digest of their content.
+
+        A subscribed stream whose latest push already carries this content (acknowledged or still
+        in flight, not refused) is not pushed again: state of the world allows leaving a type
+        alone, and a 10,000-route table or a large policy set costs its client a full reload. A
+        client connecting later gets `version`.
+        """
+        packed, digest = _pack(type_url, resources)
+        self._served[type_url] = _Served(version, resources, packed, digest)
         for stream in list(self._streams.values()):
             state = stream.types.get(type_url)
             if type_url in stream.allowed and state is not None and state.subscribed:
+                if state.sent_digest == digest and state.nack_detail is None:
+                    continue
                 self._send(stream, type_url)
+        return digest
 
     def _send(self, stream: _Stream, type_url: str) -> None:
         served = self._served[type_url]
         nonce = str(next(self._nonces))
         state = stream.state(type_url)
         state.sent_nonce, state.sent_version, state.nack_detail = nonce, served.version, None
+        state.sent_digest = served.digest
+        state.sent_at = time.monotonic()
         stream.queue.put_nowait(
             discovery_pb2.DiscoveryResponse(
                 version_info=served.version, resources=served.packed, type_url=type_url, nonce=nonce
@@ -343,7 +405,8 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     async def _wait_acked(
         self, targets: Mapping[str, str], readers: list[str], version: str
     ) -> PublishResult | None:
-        """None once every stream of every reader acknowledged each target; a failure otherwise."""
+        """None once every stream of every reader acknowledged each target (type URL → content
+        digest, see `_serve`); a failure otherwise."""
         deadline = time.monotonic() + self.ack_timeout_s
         while True:
             pending: list[str] = []
@@ -356,10 +419,11 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                         if type_url not in stream.allowed:
                             continue
                         state = stream.state(type_url)
-                        if state.sent_version == want and state.nack_detail is not None:
+                        if state.sent_digest == want and state.nack_detail is not None:
                             return PublishResult(False, version, "NACK", type_url, state.nack_detail)
-                        if not (state.sent_version == want and state.acked_nonce == state.sent_nonce):
-                            pending.append(f"{short(type_url)} {want} from {identity}")
+                        if not (state.sent_digest == want and state.acked_nonce == state.sent_nonce):
+                            served = self._served[type_url].version
+                            pending.append(f"{short(type_url)} {served} from {identity}")
             if not pending:
                 return None
             remaining = deadline - time.monotonic()
@@ -495,6 +559,7 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             )
         else:
             state.acked_nonce, state.acked_version = request.response_nonce, state.sent_version
+            state.acked_at = time.monotonic()
             self._record("ack", stream.identity, type_url, state.sent_version or "", request.response_nonce)
             if new_names and type_url in self._served:
                 # The client asks for names it did not hold when the last push arrived: resend.

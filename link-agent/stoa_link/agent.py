@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,10 +47,14 @@ class InventoryStore:
                 f"{self.path} is not a valid inventory ({exc}); move it away to start afresh"
             ) from exc
 
-    def save(self, inventory: inventory_pb2.Inventory) -> None:
+    def save(self, inventory: inventory_pb2.Inventory, document: str | None = None) -> None:
+        """Persist `inventory`; `document`, when given, is the proto3 JSON it was parsed from (written
+        as is: re-serialising 10,000 routes costs over 100 ms on every publication)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        data = json_format.MessageToJson(inventory, preserving_proto_field_name=True).encode()
+        if document is None:
+            document = json_format.MessageToJson(inventory, preserving_proto_field_name=True)
+        data = document.encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -86,6 +91,10 @@ def _failed(
     )
 
 
+def _ms(since: float) -> float:
+    return round((time.perf_counter() - since) * 1000, 2)
+
+
 class Agent:
     def __init__(
         self,
@@ -108,14 +117,16 @@ class Agent:
                 "point STOA_LINK_STATE_DIR at this gateway's own directory"
             )
         self._latest: Delivery | None = None
+        self._latest_document: str | None = None
         self._arrived = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
 
     # ---- intake --------------------------------------------------------------------------------
 
-    def offer(self, delivery: Delivery) -> None:
-        """Hand a delivery to the worker; an older one not yet started is dropped for it."""
+    def offer(self, delivery: Delivery, document: str | None = None) -> None:
+        """Hand a delivery to the worker (with the JSON document it was parsed from, when known); an
+        older one not yet started is dropped for it."""
         if self._latest is not None:
             log.info(
                 "inventory_coalesced",
@@ -126,7 +137,7 @@ class Agent:
                     }
                 },
             )
-        self._latest = delivery
+        self._latest, self._latest_document = delivery, document
         self._idle.clear()
         self._arrived.set()
 
@@ -136,7 +147,7 @@ class Agent:
 
     async def follow(self, cp: CpClient) -> None:
         async for delivery in cp.deliveries():
-            self.offer(delivery)
+            self.offer(delivery, cp.last_document)
 
     async def work(self) -> None:
         await self.restore()
@@ -145,8 +156,9 @@ class Agent:
             self._arrived.clear()
             while self._latest is not None:
                 delivery, self._latest = self._latest, None
+                document, self._latest_document = self._latest_document, None
                 try:
-                    await self.apply(delivery)
+                    await self.apply(delivery, document)
                 except Exception as exc:  # fail closed: report, keep serving the acknowledged snapshot
                     log.exception("apply_crashed", extra={"fields": {"generation": delivery.generation}})
                     self.reporter.submit(
@@ -186,8 +198,9 @@ class Agent:
             },
         )
 
-    async def apply(self, delivery: Delivery) -> inventory_pb2.SyncReport | None:
-        """Handle one delivery; the report it submitted, or None for a no-op."""
+    async def apply(self, delivery: Delivery, document: str | None = None) -> inventory_pb2.SyncReport | None:
+        """Handle one delivery (`document`: the JSON it was parsed from, if known); the report it
+        submitted, or None for a no-op."""
         if isinstance(delivery, InvalidInventory):
             return self._report(
                 _failed(
@@ -195,6 +208,8 @@ class Agent:
                 )
             )
         inventory = delivery
+        started = time.perf_counter()
+        timings: dict[str, float] = {}
         last = self.last_applied
         # The same generation delivered again (a resume, a reconnect) is a no-op; the same generation
         # with other content is a rewrite of history and goes on to the guard, which refuses it as stale.
@@ -202,33 +217,54 @@ class Agent:
             log.info("inventory_unchanged", extra={"fields": {"generation": inventory.generation}})
             return None
         try:
+            mark = time.perf_counter()
             guard.check(inventory, last, self.gateway_id)
+            timings["guard_ms"] = _ms(mark)
+            mark = time.perf_counter()
             snapshot = self.translate(inventory)
+            timings["translate_ms"] = _ms(mark)
         except guard.Refusal as refusal:
             return self._report(
-                _failed(self.gateway_id, inventory.generation, refusal.reason, refusal.detail)
+                _failed(self.gateway_id, inventory.generation, refusal.reason, refusal.detail),
+                timings | {"total_ms": _ms(started)},
             )
         log.info(
-            "publishing", extra={"fields": {"generation": inventory.generation, "version": snapshot.version}}
+            "publishing",
+            extra={
+                "fields": {
+                    "generation": inventory.generation,
+                    "version": snapshot.version,
+                    "routes": len(inventory.routes),
+                    **timings,
+                }
+            },
         )
         result = await self.ads.publish(snapshot)
+        timings.update(result.timings)
         if not result.acked:
             reason = FailureReason.Value(result.reason)
             return self._report(
-                _failed(self.gateway_id, inventory.generation, reason, result.detail, snapshot.version)
+                _failed(self.gateway_id, inventory.generation, reason, result.detail, snapshot.version),
+                timings | {"total_ms": _ms(started)},
             )
-        self.store.save(inventory)
+        mark = time.perf_counter()
+        self.store.save(inventory, document)
         self.last_applied = inventory
+        timings["store_ms"] = _ms(mark)
         return self._report(
             inventory_pb2.SyncReport(
                 gateway_id=self.gateway_id,
                 generation=inventory.generation,
                 status=inventory_pb2.SYNCED,
                 snapshot_version=snapshot.version,
-            )
+            ),
+            timings | {"total_ms": _ms(started)},
         )
 
-    def _report(self, report: inventory_pb2.SyncReport) -> inventory_pb2.SyncReport:
+    def _report(
+        self, report: inventory_pb2.SyncReport, timings: dict[str, float] | None = None
+    ) -> inventory_pb2.SyncReport:
+        """Log and submit `report`; `timings` are the stages (ms) that led to it, for operators."""
         log.info(
             "sync_report",
             extra={
@@ -238,6 +274,7 @@ class Agent:
                     "reason": FailureReason.Name(report.reason),
                     "detail": report.detail,
                     "snapshot_version": report.snapshot_version,
+                    **(timings or {}),
                 }
             },
         )

@@ -31,10 +31,13 @@ AUTHZ = "spiffe://stoa.local/ext-authz"
 
 
 def snapshot(generation: int, clusters: list[str], with_policy_set: bool = True) -> Snapshot:
+    # Listener and routes differ per generation: a type whose content is unchanged is not pushed.
     resources: dict = {
         CLUSTER: [cluster_pb2.Cluster(name=n) for n in clusters],
-        LISTENER: [listener_pb2.Listener(name="stoa-listener")],
-        ROUTE: [route_pb2.RouteConfiguration(name="stoa-routes")],
+        LISTENER: [listener_pb2.Listener(name="stoa-listener", stat_prefix=f"g{generation}")],
+        ROUTE: [
+            route_pb2.RouteConfiguration(name="stoa-routes", request_headers_to_remove=[f"g{generation}"])
+        ],
     }
     if with_policy_set:
         resources[AUTHZ_POLICY_SET] = [authz_pb2.AuthzPolicySet(name="default", generation=generation)]

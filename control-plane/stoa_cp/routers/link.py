@@ -3,6 +3,8 @@ credential is accepted (401 none/unknown, 403 another gateway's)."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -17,6 +19,7 @@ from stoa_cp.problems import PROBLEM_RESPONSES, Problem, invalid, not_found
 from stoa_cp.routers.gateways import gateway_status
 from stoa_cp.schemas import GatewayStatus, unstorable
 
+log = logging.getLogger("stoa_cp.link")
 router = APIRouter(prefix="/v1/gateways/{gateway_id}", tags=["gateway link"], responses=PROBLEM_RESPONSES)
 Gateway = Annotated[str, Depends(require_gateway)]
 
@@ -67,6 +70,7 @@ async def stream_events(
     async def stream() -> AsyncIterator[ServerSentEvent]:
         nonlocal last_sent
         with events.subscribe(gateway_id) as wake:
+            woken = time.perf_counter()
             while True:
                 # Clear before reading: a change committed during the read wakes the next round.
                 wake.clear()
@@ -75,9 +79,20 @@ async def stream_events(
                     return
                 generation, body = current
                 if generation > last_sent:
+                    # Resumes once the event was handed to the response (after its socket write).
+                    ready = time.perf_counter()
                     yield ServerSentEvent(data=body, event="inventory", id=str(generation))
+                    log.info(
+                        "inventory_sent gateway=%s generation=%d bytes=%d read_ms=%.1f write_ms=%.1f",
+                        gateway_id,
+                        generation,
+                        len(body),
+                        (ready - woken) * 1000,
+                        (time.perf_counter() - ready) * 1000,
+                    )
                     last_sent = generation
                 await wake.wait()
+                woken = time.perf_counter()
 
     return EventSourceResponse(stream(), ping=request.app.state.settings.sse_ping_s)
 

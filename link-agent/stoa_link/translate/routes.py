@@ -27,19 +27,35 @@ VIRTUAL_HOST_NAME = "stoa"
 CLIENT_HEADERS_REMOVED = ("x-envoy-original-path",)
 
 
+# (route, options, policy-set version) → that route's entries, serialised as a VirtualHost holding
+# only them, from the latest render. Serialised messages concatenate into one message with the
+# repeated field appended in order, so the virtual host is parsed once from the joined bytes instead
+# of being rebuilt entry by entry: with 10,000 routes and one changed, one route is rendered again.
+_rendered: dict[tuple[RouteIR, TranslateOptions, str], bytes] = {}
+
+
 def render_routes(
     site: SiteIR, options: TranslateOptions, policy_set_version: str
 ) -> route_pb2.RouteConfiguration:
-    entries: list[route_components_pb2.Route] = []
+    parts: list[bytes] = []
+    rendered: dict[tuple[RouteIR, TranslateOptions, str], bytes] = {}
     for route in sorted(site.routes, key=lambda r: (-len(r.path_prefix), r.route_id)):
-        entries.extend(_entries(route, options, policy_set_version))
-    return route_pb2.RouteConfiguration(
-        name=ROUTE_CONFIG_NAME,
-        virtual_hosts=[
-            route_components_pb2.VirtualHost(name=VIRTUAL_HOST_NAME, domains=["*"], routes=entries)
-        ],
-        request_headers_to_remove=list(CLIENT_HEADERS_REMOVED),
+        key = (route, options, policy_set_version)
+        body = _rendered.get(key)
+        if body is None:
+            body = route_components_pb2.VirtualHost(
+                routes=_entries(route, options, policy_set_version)
+            ).SerializeToString()
+        rendered[key] = body
+        parts.append(body)
+    _rendered.clear()
+    _rendered.update(rendered)
+    config = route_pb2.RouteConfiguration(
+        name=ROUTE_CONFIG_NAME, request_headers_to_remove=list(CLIENT_HEADERS_REMOVED)
     )
+    # Parsed in place: appending a built virtual host would copy all of its entries once more.
+    config.virtual_hosts.add(name=VIRTUAL_HOST_NAME, domains=["*"]).MergeFromString(b"".join(parts))
+    return config
 
 
 def _methods(route: RouteIR) -> tuple[str, ...]:
