@@ -61,7 +61,10 @@ def seed_demo(estate: Estate, idp: DevIdentityProvider | None) -> dict[str, Any]
             demo_token=idp.mint(tenant=DEMO_TENANT, scope=DEMO_SCOPE, lifetime_s=DEMO_TOKEN_LIFETIME_S),
         )
     estate.create_api(
-        DEMO_API, tenant_id=DEMO_TENANT, name="Echo", methods=("GET", "POST"),
+        DEMO_API,
+        tenant_id=DEMO_TENANT,
+        name="Echo",
+        methods=("GET", "POST"),
         auth={"mode": "jwt", "scopes": [DEMO_SCOPE]},
     )
     estate.add_policy("echo-cors", "cors", DEMO_CORS, tenant_id=DEMO_TENANT, targets=[DEMO_API])

@@ -1,7 +1,8 @@
 """An ASGI application served by uvicorn on its own thread, on a socket bound before start.
 
 Binding first (port 0 by default) means the port is known and held before the server runs, so
-there is no window in which another process could take it.
+there is no window in which another process could take it. The in-process servers of the harness
+(echo upstream, scripted CP, dev identity provider) all run on this.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import uvicorn
 
+from stoa_harness.lifecycle import Lifecycle
 from stoa_harness.wait import wait_until
 
 Scope = dict[str, Any]
@@ -22,12 +24,25 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-class ThreadedASGIServer:
-    def __init__(self, app: ASGIApp, name: str, host: str = "127.0.0.1", port: int = 0) -> None:
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body, however many messages it came in."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+class ThreadedASGIServer(Lifecycle):
+    def __init__(
+        self, app: ASGIApp, name: str, host: str = "127.0.0.1", port: int = 0, start_timeout: float = 10.0
+    ) -> None:
         self.app = app
         self.name = name
         self.host = host
         self.port = port
+        self.start_timeout = start_timeout
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
@@ -36,7 +51,7 @@ class ThreadedASGIServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 10.0) -> None:
+    def _start(self) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
@@ -58,7 +73,7 @@ class ThreadedASGIServer:
             target=server.run, kwargs={"sockets": [sock]}, name=self.name, daemon=True
         )
         self._thread.start()
-        wait_until(lambda: server.started, timeout, f"{self.name} started")
+        wait_until(lambda: server.started, self.start_timeout, f"{self.name} started")
 
     def stop(self) -> None:
         if self._server is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from stoa_harness.processes import stop_group
 from stoa_harness.wait import wait_until
 
 
@@ -59,8 +59,17 @@ def validate_config(config: Mapping[str, Any] | str | Path, timeout: float = 60.
         else:
             path = Path(config)
         proc = subprocess.run(
-            [envoy_binary(), "--mode", "validate", "-c", str(path), "-l", "error",
-             "--base-id", str(os.getpid() % 60000)],
+            [
+                envoy_binary(),
+                "--mode",
+                "validate",
+                "-c",
+                str(path),
+                "-l",
+                "error",
+                "--base-id",
+                str(os.getpid() % 60000),
+            ],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -96,16 +105,31 @@ class EnvoyProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [envoy_binary(), "-c", str(self.bootstrap), "--log-level", "info",
-             "--use-dynamic-base-id", "--drain-time-s", "1", "--parent-shutdown-time-s", "2",
-             *self.extra_args],
+            [
+                envoy_binary(),
+                "-c",
+                str(self.bootstrap),
+                "--log-level",
+                "info",
+                "--use-dynamic-base-id",
+                "--drain-time-s",
+                "1",
+                "--parent-shutdown-time-s",
+                "2",
+                *self.extra_args,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(self.env or {})},
             start_new_session=True,
         )
         log.close()
-        wait_until(self._admin_up, ready_timeout, f"Envoy admin on {self.admin_url} (log {self.log_path})")
+        try:
+            what = f"Envoy admin on {self.admin_url} (log {self.log_path})"
+            wait_until(self._admin_up, ready_timeout, what)
+        except BaseException:
+            self.stop()  # an Envoy that never came up is not left running
+            raise
         return self
 
     def _admin_up(self) -> bool:
@@ -119,6 +143,11 @@ class EnvoyProcess:
     def config_dump(self, resource: str | None = None) -> dict[str, Any]:
         params = {"resource": resource} if resource else {}
         return self.admin_get("/config_dump", **params).json()
+
+    def counters(self, pattern: str) -> int:
+        """The sum of Envoy's counters whose names match the regular expression `pattern`."""
+        lines = self.admin_get("/stats", filter=pattern).text.splitlines()
+        return sum(int(value) for _, value in (line.rsplit(":", 1) for line in lines if ":" in line))
 
     def route_count(self) -> int:
         """Number of routes Envoy holds in its dynamic route configurations."""
@@ -145,14 +174,8 @@ class EnvoyProcess:
         return out
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            stop_group(self.proc, timeout=10)
 
     def __enter__(self) -> EnvoyProcess:
         return self.start() if self.proc is None else self

@@ -17,19 +17,20 @@ so the guard tests can put a scripted CP in front of a real Link and a real Envo
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
 import httpx
 
 from stoa_harness.envoy import EnvoyProcess
+from stoa_harness.lifecycle import Lifecycle
 from stoa_harness.ports import free_port
 from stoa_harness.postgres import EmbeddedPostgres
 from stoa_harness.processes import SupervisedProcess, tcp_accepting
@@ -77,7 +78,7 @@ def _http_ok(url: str) -> bool:
     return httpx.get(url, timeout=1.0).status_code == 200
 
 
-class Site:
+class Site(Lifecycle):
     """Link + Envoy + the authorization stand-in (witness) or the real `stoa-authz`, for one gateway."""
 
     def __init__(
@@ -142,6 +143,10 @@ class Site:
             "STOA_LINK_STATE_DIR": str(self.run_dir / "link-state"),
             "STOA_LINK_ENVOY_ADMIN_PORT": str(self.envoy_admin_port),
             "STOA_LINK_ENV": "development",
+            # The first publication's deadline also covers Envoy and stoa-authz starting and
+            # connecting; 10 s (the default) is not enough on a loaded 2-core machine. It only
+            # bounds a failure: an ACK or NACK ends the wait as soon as it arrives.
+            "STOA_LINK_ACK_TIMEOUT_S": "30",
             **self.extra_link_env,
         }
 
@@ -162,13 +167,34 @@ class Site:
     def authz_http_url(self) -> str:
         return f"http://127.0.0.1:{self.authz_http_port}"
 
-    def start(self) -> Site:
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def wait_authz_ready(self, timeout: float = 30.0) -> None:
+        """Until `stoa-authz` says ready (it holds a policy set), which is later than its start."""
+        url = f"{self.authz_http_url}/health/ready"
+        wait_until(lambda: _http_ok(url), timeout, "stoa-authz ready")
+
+    def authz_decisions(
+        self, *, direct: Callable[[dict[str, Any]], bool] | None = None, timeout: float = 10.0
+    ) -> list[dict[str, Any]]:
+        """The `ext_authz_decision` events of stoa-authz, once its log holds one for every Check
+        Envoy had answered so far: the service writes that log buffered, a moment after it answers.
+        Events matching `direct` (Checks a test sent to the service itself) are left out."""
+        assert self.envoy is not None
+        answered = self.envoy.counters(r"^http\..*\.ext_authz\.(ok|denied)$")
+
+        def logged() -> tuple[list[dict[str, Any]]] | None:
+            events = self.authz_events("ext_authz_decision")
+            through_envoy = [e for e in events if direct is None or not direct(e)]
+            return (through_envoy,) if len(through_envoy) >= answered else None
+
+        [events] = wait_until(logged, timeout, f"{answered} decision(s) in the stoa-authz log")
+        return events
+
+    def authz_events(self, name: str) -> list[dict[str, Any]]:
+        """The JSON events `stoa-authz` logged so far whose `event` or `message` is `name`, oldest first."""
+        assert self.authz is not None, "this site runs the witness, not stoa-authz"
+        lines = self.authz.log_path.read_text(errors="replace").splitlines()
+        events = [json.loads(line) for line in lines if line.startswith("{")]
+        return [e for e in events if name in (e.get("event"), e.get("message"))]
 
     def _start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -208,20 +234,15 @@ class Site:
         proc = SupervisedProcess(name, argv, log_dir=self.run_dir, env=self.link_env)
         proc.start()
         assert proc.proc is not None
-        code = proc.proc.wait(timeout=self.start_timeout)
+        try:
+            code = proc.proc.wait(timeout=self.start_timeout)
+        finally:
+            proc.stop()  # only does something when the wait timed out: nothing is left running
         if code != 0:
             raise RuntimeError(f"stoa-link {name} failed ({code})\n{proc.log_tail()}")
 
     def stop(self) -> None:
         self._stack.close()
-
-    def __enter__(self) -> Site:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 @dataclass(frozen=True)
@@ -235,7 +256,7 @@ class EstateOptions:
     start_timeout: float = 60.0
 
 
-class Estate:
+class Estate(Lifecycle):
     def __init__(
         self,
         options: EstateOptions | None = None,
@@ -302,14 +323,6 @@ class Estate:
         return f"{self.gateway_url}{path}"
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def start(self) -> Estate:
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
     def _start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._stack.callback(self.admin.close)
@@ -362,14 +375,6 @@ class Estate:
         if self._given_run_dir is None and self.run_dir.exists():
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
-    def __enter__(self) -> Estate:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
     def stop_cp(self) -> None:
         assert self.cp is not None
         self.cp.stop()
@@ -415,10 +420,11 @@ class Estate:
             body["auth"] = dict(auth)
         return checked(self.admin.post(f"/v1/tenants/{tenant_id}/apis", json=body))
 
-    def deploy(self, api_id: str) -> int:
-        """Activate an API on this estate's gateway; the new desired generation."""
-        checked(self.admin.put(f"/v1/gateways/{self.gateway_id}/deployments/{api_id}"))
-        return self.desired_generation()
+    def deploy(self, api_id: str, gateway_id: str | None = None) -> int:
+        """Activate an API on this estate's gateway (or another on the CP); its new desired generation."""
+        gateway_id = gateway_id or self.gateway_id
+        checked(self.admin.put(f"/v1/gateways/{gateway_id}/deployments/{api_id}"))
+        return self.desired_generation(gateway_id)
 
     def undeploy(self, api_id: str) -> int:
         """Deactivate (tombstone) an API on this estate's gateway; the new desired generation."""
@@ -440,28 +446,49 @@ class Estate:
         tenant_id: str | None = "demo",
         scope: str = "api",
         targets: Sequence[str] = (),
+        gateway_id: str | None = None,
     ) -> int:
-        """A tenant policy (scope tenant|api), or a gateway one when tenant_id is None; the new generation."""
+        """A tenant policy (scope tenant|api), or a gateway one when tenant_id is None (on this estate's
+        gateway or `gateway_id`); that gateway's new desired generation."""
+        gateway_id = gateway_id or self.gateway_id
         if tenant_id is None:
-            path = f"/v1/gateways/{self.gateway_id}/policies"
+            path = f"/v1/gateways/{gateway_id}/policies"
             body: dict[str, Any] = {"policy_id": policy_id, "type": policy_type, "config": dict(config)}
         else:
             path = f"/v1/tenants/{tenant_id}/policies"
-            body = {"policy_id": policy_id, "type": policy_type, "config": dict(config), "scope": scope,
-                    "targets": list(targets)}
+            body = {
+                "policy_id": policy_id,
+                "type": policy_type,
+                "config": dict(config),
+                "scope": scope,
+                "targets": list(targets),
+            }
         checked(self.admin.post(path, json=body))
-        return self.desired_generation()
+        return self.desired_generation(gateway_id)
 
-    def add_issuer(self, tenant_id: str, issuer: str, jwks_uri: str) -> dict[str, Any]:
-        """Trust `issuer` for the tenant (the CP fetches its JWKS and ships the keys to the site)."""
-        body = {"issuer": issuer, "jwks_uri": jwks_uri}
+    def add_issuer(
+        self,
+        tenant_id: str,
+        issuer: str,
+        jwks_uri: str | None = None,
+        *,
+        jwks: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Trust `issuer` for the tenant, by `jwks_uri` (the CP fetches the keys) or inline `jwks`; the
+        CP ships the keys to the site either way."""
+        body: dict[str, Any] = {"issuer": issuer}
+        if jwks_uri is not None:
+            body["jwks_uri"] = jwks_uri
+        if jwks is not None:
+            body["jwks"] = dict(jwks)
         return checked(self.admin.post(f"/v1/tenants/{tenant_id}/issuers", json=body))
 
-    def status(self) -> dict[str, Any]:
-        return checked(self.admin.get(f"/v1/gateways/{self.gateway_id}/status"))
+    def status(self, gateway_id: str | None = None) -> dict[str, Any]:
+        """The status of this estate's gateway (or of another gateway on the same CP)."""
+        return checked(self.admin.get(f"/v1/gateways/{gateway_id or self.gateway_id}/status"))
 
-    def desired_generation(self) -> int:
-        return int(self.status()["desired_generation"])
+    def desired_generation(self, gateway_id: str | None = None) -> int:
+        return int(self.status(gateway_id)["desired_generation"])
 
     def inventory(self) -> dict[str, Any]:
         """The gateway's inventory as the Link fetches it (with the gateway credential)."""
@@ -473,12 +500,15 @@ class Estate:
             )
         )
 
-    def wait_settled(self, generation: int | None = None, timeout: float = 30.0) -> dict[str, Any]:
+    def wait_settled(
+        self, generation: int | None = None, timeout: float = 30.0, gateway_id: str | None = None
+    ) -> dict[str, Any]:
         """Poll the status until `generation` (default: the desired one now) is SYNCED or FAILED."""
-        target = self.desired_generation() if generation is None else generation
+        gateway_id = gateway_id or self.gateway_id
+        target = self.desired_generation(gateway_id) if generation is None else generation
 
         def settled() -> dict[str, Any] | None:
-            status = self.status()
+            status = self.status(gateway_id)
             if int(status["desired_generation"]) == target and status["state"] == "FAILED":
                 return status
             if int(status.get("acknowledged_generation") or 0) >= target and status["state"] == "SYNCED":
@@ -486,14 +516,17 @@ class Estate:
             return None
 
         try:
-            return wait_until(settled, timeout, f"gateway {self.gateway_id} settled at generation {target}")
+            return wait_until(settled, timeout, f"gateway {gateway_id} settled at generation {target}")
         except AssertionError as exc:
-            status_now = self._safe_status()
-            raise AssertionError(f"{exc}; status now {status_now}\n{self.link.log_tail(15)}") from None
+            status_now = self._safe_status(gateway_id)
+            link_log = self.link.log_tail(15) if gateway_id == self.gateway_id else ""
+            raise AssertionError(f"{exc}; status now {status_now}\n{link_log}") from None
 
-    def wait_synced(self, generation: int | None = None, timeout: float = 30.0) -> dict[str, Any]:
+    def wait_synced(
+        self, generation: int | None = None, timeout: float = 30.0, gateway_id: str | None = None
+    ) -> dict[str, Any]:
         """The status once SYNCED at `generation` (default: the desired one now); SyncFailed if FAILED."""
-        status = self.wait_settled(generation, timeout)
+        status = self.wait_settled(generation, timeout, gateway_id)
         if status["state"] != "SYNCED":
             raise SyncFailed(f"generation {status['desired_generation']} FAILED: {status.get('last_report')}")
         return status
@@ -504,8 +537,8 @@ class Estate:
         assert status["state"] == "FAILED", f"expected FAILED, got {status}"
         return status
 
-    def _safe_status(self) -> Any:
+    def _safe_status(self, gateway_id: str) -> Any:
         try:
-            return self.status()
+            return self.status(gateway_id)
         except (httpx.HTTPError, CPError) as exc:
             return repr(exc)

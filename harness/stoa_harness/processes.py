@@ -18,8 +18,8 @@ import socket
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 
+from stoa_harness.lifecycle import Lifecycle
 from stoa_harness.wait import WaitTimeout, wait_until
 
 
@@ -27,7 +27,7 @@ class ProcessFailed(RuntimeError):
     """A supervised process exited or never became ready; the message carries its log's tail."""
 
 
-class SupervisedProcess:
+class SupervisedProcess(Lifecycle):
     def __init__(
         self,
         name: str,
@@ -90,19 +90,9 @@ class SupervisedProcess:
 
     def stop(self) -> int | None:
         """Stop the process group by PID: SIGTERM, then SIGKILL after `stop_timeout`; the exit code."""
-        proc = self.proc
-        if proc is None:
+        if self.proc is None:
             return None
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=self.stop_timeout)
-        return proc.returncode
+        return stop_group(self.proc, self.stop_timeout)
 
     def restart(self) -> SupervisedProcess:
         self.stop()
@@ -115,13 +105,20 @@ class SupervisedProcess:
             return f"(no log at {self.log_path})"
         return f"--- last {lines} lines of {self.log_path}:\n" + "\n".join(text.splitlines()[-lines:])
 
-    def __enter__(self) -> SupervisedProcess:
-        return self.start()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+def stop_group(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    """Stop a process started with `start_new_session=True` and whatever it forked, by its group's
+    PID: SIGTERM, then SIGKILL after `timeout`; its exit code."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=timeout)
+    return proc.returncode
 
 
 def tcp_accepting(host: str, port: int) -> bool:

@@ -15,13 +15,13 @@ import asyncio
 import hmac
 import json
 import threading
-from types import TracebackType
 from typing import Any
 
 from google.protobuf import json_format
 from stoa_proto import inventory_pb2
 
-from stoa_harness.asgi_thread import Receive, Scope, Send, ThreadedASGIServer
+from stoa_harness.asgi_thread import Receive, Scope, Send, ThreadedASGIServer, read_body
+from stoa_harness.lifecycle import Lifecycle
 from stoa_harness.wait import wait_until
 
 KEEP_ALIVE_S = 5.0
@@ -31,7 +31,7 @@ def inventory_json(inventory: inventory_pb2.Inventory) -> str:
     return json.dumps(json_format.MessageToDict(inventory, preserving_proto_field_name=True))
 
 
-class ScriptedCP:
+class ScriptedCP(Lifecycle):
     def __init__(self, gateway_id: str, credential: str) -> None:
         self.gateway_id = gateway_id
         self.credential = credential
@@ -45,21 +45,12 @@ class ScriptedCP:
     def url(self) -> str:
         return self._http.url
 
-    def start(self) -> ScriptedCP:
+    def _start(self) -> None:
         self._http.start()
-        return self
 
     def stop(self) -> None:
         self._broadcast(None)  # end every open event stream so the server can shut down
         self._http.stop()
-
-    def __enter__(self) -> ScriptedCP:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # -- what tests script and read ---------------------------------------------------------------
     def push(self, inventory: inventory_pb2.Inventory) -> None:
@@ -125,13 +116,7 @@ class ScriptedCP:
         elif endpoint == "events" and method == "GET":
             await self._stream(headers.get("last-event-id"), receive, send)
         elif endpoint == "sync-reports" and method == "POST":
-            raw = b""
-            while True:
-                message = await receive()
-                raw += message.get("body", b"")
-                if not message.get("more_body"):
-                    break
-            report = json.loads(raw)
+            report = json.loads(await read_body(receive))
             # The contract: a SyncReport in proto3 JSON (reject anything that is not).
             json_format.ParseDict(report, inventory_pb2.SyncReport())
             with self._lock:
@@ -160,8 +145,9 @@ class ScriptedCP:
             try:
                 while not disconnected.done():
                     getter = asyncio.ensure_future(queue.get())
-                    done, _ = await asyncio.wait({getter, disconnected}, timeout=KEEP_ALIVE_S,
-                                                 return_when=asyncio.FIRST_COMPLETED)
+                    done, _ = await asyncio.wait(
+                        {getter, disconnected}, timeout=KEEP_ALIVE_S, return_when=asyncio.FIRST_COMPLETED
+                    )
                     if getter not in done:
                         getter.cancel()
                         chunk = ": keep-alive\n\n" if not disconnected.done() else None

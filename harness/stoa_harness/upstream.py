@@ -17,9 +17,9 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 
-from stoa_harness.asgi_thread import Receive, Scope, Send, ThreadedASGIServer
+from stoa_harness.asgi_thread import Receive, Scope, Send, ThreadedASGIServer, read_body
+from stoa_harness.lifecycle import Lifecycle
 from stoa_harness.wait import wait_until
 
 
@@ -54,7 +54,7 @@ def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
     return out
 
 
-class EchoUpstream:
+class EchoUpstream(Lifecycle):
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.host = host
         self._lock = threading.Lock()
@@ -63,20 +63,11 @@ class EchoUpstream:
         self._http = ThreadedASGIServer(self._app, "echo-upstream", host, port)
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def start(self, timeout: float = 10.0) -> EchoUpstream:
-        self._http.start(timeout)
-        return self
+    def _start(self) -> None:
+        self._http.start()
 
     def stop(self) -> None:
         self._http.stop()
-
-    def __enter__(self) -> EchoUpstream:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # -- what tests read and script ---------------------------------------------------------------
     @property
@@ -119,12 +110,7 @@ class EchoUpstream:
         if scope["type"] != "http":
             return
         at = time.monotonic()
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         raw_path = scope.get("raw_path") or scope["path"].encode()
         arrival = Arrival(
             at=at,

@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 import grpc
@@ -31,6 +30,7 @@ from envoy.type.v3 import http_status_pb2
 from google.rpc import code_pb2, status_pb2
 from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES
 
+from stoa_harness.lifecycle import Lifecycle
 from stoa_harness.ports import free_port
 from stoa_harness.wait import wait_until
 
@@ -112,14 +112,16 @@ def _response(decision: Allow | Deny) -> external_auth_pb2.CheckResponse:
         status=status_pb2.Status(code=code_pb2.PERMISSION_DENIED),
         denied_response=external_auth_pb2.DeniedHttpResponse(
             status=http_status_pb2.HttpStatus(code=decision.status),  # type: ignore[arg-type]
-            headers=[base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=k, value=v))
-                     for k, v in decision.headers.items()],
+            headers=[
+                base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=k, value=v))
+                for k, v in decision.headers.items()
+            ],
             body=body.decode(),
         ),
     )
 
 
-class CheckWitness(external_auth_pb2_grpc.AuthorizationServicer):
+class CheckWitness(Lifecycle, external_auth_pb2_grpc.AuthorizationServicer):
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.host = host
         self.port = port or free_port(host)  # fixed for the witness's life, so a restart comes back on it
@@ -136,14 +138,14 @@ class CheckWitness(external_auth_pb2_grpc.AuthorizationServicer):
         return f"{self.host}:{self.port}"
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def start(self) -> CheckWitness:
+    def _start(self) -> None:
+        """Also how a crashed witness comes back: on the same port, with its records and rule."""
         if self._loop is None:
             loop = asyncio.new_event_loop()
             self._loop = loop
             self._thread = threading.Thread(target=loop.run_forever, name="check-witness", daemon=True)
             self._thread.start()
         self._call(self._serve())
-        return self
 
     async def _serve(self) -> None:
         if self._server is not None:
@@ -183,14 +185,6 @@ class CheckWitness(external_auth_pb2_grpc.AuthorizationServicer):
             self._thread.join(timeout=10)
         self._loop.close()
         self._loop = self._thread = None
-
-    def __enter__(self) -> CheckWitness:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def _call(self, coro: Any, timeout: float = 15.0) -> Any:
         assert self._loop is not None, "witness not started"

@@ -213,14 +213,23 @@ class Site:
         certs.write_dev_certs(self.tls_dir, ENVOY_SAN, "")
         self.listener_port = free_port()
         self.snapshots: dict[int, Snapshot] = {}
-        self.loop = LoopThread()
-        self.receiver = ReportReceiver()
+        self.envoys: list[EnvoyProcess] = []
+        self.envoy: EnvoyProcess | None = None  # the site's own Envoy, once started
         self.ads = AdsServer(
             "127.0.0.1:0",
             TlsMaterial.server_from_dir(self.tls_dir),
             {ENVOY_SAN: ENVOY_TYPES},
             ack_timeout_s=10.0,
         )
+        self.loop = LoopThread()
+        self.receiver = ReportReceiver()
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
         self.ads_port = self.loop.run(self.ads.start())
 
         async def _link() -> tuple[Reporter, Agent]:
@@ -230,13 +239,13 @@ class Site:
                 self.ads,
                 reporter,
                 lambda inv: self.snapshots[inv.generation],
-                InventoryStore(root / "state"),
+                InventoryStore(self.root / "state"),
             )
             asyncio.get_running_loop().create_task(reporter.run())
             return reporter, agent
 
         self.reporter, self.agent = self.loop.run(_link())
-        self.envoys: list[EnvoyProcess] = []
+        self.envoy = self.start_envoy("envoy", self.tls_dir)
 
     def settings(self, tls_dir: Path, admin_port: int) -> LinkSettings:
         return LinkSettings(
@@ -262,6 +271,11 @@ class Site:
     def publish(self, snapshot: Snapshot) -> PublishResult:
         return self.loop.run(self.ads.publish(snapshot))
 
+    @property
+    def own_envoy(self) -> EnvoyProcess:
+        assert self.envoy is not None
+        return self.envoy
+
     def get(self, path: str) -> httpx.Response:
         return httpx.get(f"http://127.0.0.1:{self.listener_port}{path}", timeout=5.0)
 
@@ -283,7 +297,6 @@ def upstream() -> Iterator[EchoUpstream]:
 def site(tmp_path_factory: pytest.TempPathFactory, upstream: EchoUpstream) -> Iterator[Site]:
     site = Site(tmp_path_factory.mktemp("ads-site"))
     try:
-        site.envoy = site.start_envoy("envoy", site.tls_dir)  # type: ignore[attr-defined]
         report = site.apply(
             1,
             make_snapshot(
@@ -308,7 +321,7 @@ def site(tmp_path_factory: pytest.TempPathFactory, upstream: EchoUpstream) -> It
 
 def test_bring_up_acks_cds_lds_rds_and_reports_synced(site: Site, upstream: EchoUpstream) -> None:
     version = site.snapshots[1].version
-    envoy: EnvoyProcess = site.envoy  # type: ignore[attr-defined]
+    envoy = site.own_envoy
     assert envoy.versions() == {"cds": version, "lds": version, "rds": version}
     acked = {(e.type_url, e.version) for e in site.ads.event_log() if e.kind == "ack"}
     assert {(CLUSTER, version), (LISTENER, version), (ROUTE, version)} <= acked
@@ -353,7 +366,7 @@ def test_snapshot_envoy_rejects_is_nacked_reported_failed_and_old_config_serves(
     assert sent["reason"] == "NACK"
     assert detail_fragment in sent["detail"].lower()
     # The previous snapshot is back everywhere and still serves; the rejected route does not exist.
-    envoy: EnvoyProcess = site.envoy  # type: ignore[attr-defined]
+    envoy = site.own_envoy
     wait_until(
         lambda: envoy.versions() == {"cds": good, "lds": good, "rds": good},
         10,
@@ -387,7 +400,7 @@ def test_clusters_leave_only_after_the_routes_that_stop_using_them_are_acked(
     removal = cds_sends[1]
     [rds_ack] = [e for e in events if e.kind == "ack" and e.type_url == ROUTE and e.version == moved.version]
     assert rds_ack.seq < removal.seq
-    envoy: EnvoyProcess = site.envoy  # type: ignore[attr-defined]
+    envoy = site.own_envoy
     wait_until(lambda: envoy.versions()["cds"] == moved.version, 10, "Envoy on the final CDS")
     names = {c["cluster"]["name"] for c in envoy.config_dump("dynamic_active_clusters")["configs"]}
     assert names == {"backend_b"}

@@ -4,15 +4,15 @@ malformed requests and the decision log (issue 4). CP + Link + Envoy + stoa-auth
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import httpx
 import pytest
 from joserfc import jws
 from joserfc.jwk import import_key
-from stoa_harness.estate import Estate, EstateOptions
+from stoa_harness.estate import Estate, EstateOptions, Site
 from stoa_harness.idp import DevIdentityProvider
-from stoa_harness.postgres import EmbeddedPostgres
 from stoa_harness.wait import wait_until
 
 AUDIENCE = "stoa-accept"
@@ -26,36 +26,42 @@ def idp() -> Iterator[DevIdentityProvider]:
 
 
 @pytest.fixture(scope="module")
-def estate(postgres: EmbeddedPostgres, tmp_path_factory, idp) -> Iterator[Estate]:
+def estate(idp: DevIdentityProvider, estates: Callable[..., Estate]) -> Estate:
     options = EstateOptions(authz="service", authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE})
-    with Estate(options, postgres=postgres, run_dir=tmp_path_factory.mktemp("estate-authz")) as running:
-        running.ensure_tenant("demo")
-        running.ensure_tenant("other")
-        reply = running.admin.post(
-            "/v1/tenants/demo/issuers", json={"issuer": idp.issuer, "jwks_uri": idp.jwks_uri}
-        )
-        assert reply.status_code == 201, reply.text
-        running.wait_synced(
-            running.publish("orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"]})
-        )
-        running.wait_synced(running.publish("open", tenant_id="demo", auth={"mode": "none", "scopes": []}))
-        authz_ready = f"{running.site.authz_http_url}/health/ready"
-        wait_until(lambda: httpx.get(authz_ready).status_code == 200, 30, "stoa-authz ready")
-        yield running
+    running = estates(options, "estate-authz")
+    running.ensure_tenant("demo")
+    running.ensure_tenant("other")
+    running.add_issuer("demo", idp.issuer, idp.jwks_uri)
+    running.wait_synced(
+        running.publish("orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"]})
+    )
+    running.wait_synced(running.publish("open", tenant_id="demo", auth={"mode": "none", "scopes": []}))
+    authz_site(running).wait_authz_ready()
+    return running
 
 
-def get(estate: Estate, token: str | None = None, path: str = PATH, headers=None) -> httpx.Response:
-    sent = list(headers or [])
+def authz_site(estate: Estate) -> Site:
+    assert estate.site is not None
+    return estate.site
+
+
+def get(
+    estate: Estate,
+    token: str | None = None,
+    path: str = PATH,
+    headers: Sequence[tuple[str, str]] = (),
+) -> httpx.Response:
+    sent = list(headers)
     if token is not None:
         sent.append(("authorization", f"Bearer {token}"))
     return estate.gateway.get(estate.url(path), headers=sent)
 
 
-def good(idp: DevIdentityProvider, **claims) -> dict:
+def good(**claims: Any) -> dict[str, Any]:
     return {"tenant": "demo", "scope": "orders:read", **claims}
 
 
-def test_no_token_is_401_and_never_reaches_upstream(estate):
+def test_no_token_is_401_and_never_reaches_upstream(estate: Estate) -> None:
     estate.upstream.clear()
     reply = get(estate)
     assert reply.status_code == 401
@@ -76,15 +82,15 @@ def test_no_token_is_401_and_never_reaches_upstream(estate):
         "wrong_audience",
     ],
 )
-def test_bad_tokens_are_401(estate, idp, kind):
+def test_bad_tokens_are_401(estate: Estate, idp: DevIdentityProvider, kind: str) -> None:
     estate.upstream.clear()
-    reply = get(estate, getattr(idp, kind)(**good(idp)))
+    reply = get(estate, getattr(idp, kind)(**good()))
     assert reply.status_code == 401
     assert reply.headers["www-authenticate"] == 'Bearer error="invalid_token"'
     assert estate.upstream.arrivals() == []
 
 
-def test_other_tenant_and_missing_scope_are_403(estate, idp):
+def test_other_tenant_and_missing_scope_are_403(estate: Estate, idp: DevIdentityProvider) -> None:
     for token in (
         idp.mint(tenant="other", scope="orders:read"),
         idp.mint(tenant="demo", scope="orders:write"),
@@ -94,11 +100,11 @@ def test_other_tenant_and_missing_scope_are_403(estate, idp):
         assert reply.headers["www-authenticate"] == 'Bearer error="insufficient_scope"'
 
 
-def test_scp_list_is_accepted(estate, idp):
+def test_scp_list_is_accepted(estate: Estate, idp: DevIdentityProvider) -> None:
     assert get(estate, idp.mint(tenant="demo", scope=None, scp=["orders:read"])).status_code == 200
 
 
-def test_allowed_request_carries_gateway_identity_only(estate, idp):
+def test_allowed_request_carries_gateway_identity_only(estate: Estate, idp: DevIdentityProvider) -> None:
     estate.upstream.clear()
     forged = [
         ("X-Stoa-Tenant-Id", "evil"),
@@ -106,7 +112,7 @@ def test_allowed_request_carries_gateway_identity_only(estate, idp):
         ("x-Tenant-Id", "evil"),
         ("x-stoa-subject", "x"),
     ]
-    reply = get(estate, idp.mint(**good(idp, sub="client-1")), headers=forged)
+    reply = get(estate, idp.mint(**good(sub="client-1")), headers=forged)
     assert reply.status_code == 200, reply.text
     [arrival] = estate.upstream.arrivals()
     assert arrival.header("x-stoa-tenant-id") == "demo"
@@ -114,7 +120,7 @@ def test_allowed_request_carries_gateway_identity_only(estate, idp):
     assert arrival.header("x-stoa-subject") == "client-1"
     assert arrival.header("x-user-id") is None
     assert arrival.header("x-tenant-id") is None
-    jwks = httpx.get(f"{estate.site.authz_http_url}/.well-known/jwks.json").json()
+    jwks = httpx.get(f"{authz_site(estate).authz_http_url}/.well-known/jwks.json").json()
     envelope = jws.deserialize_compact(
         arrival.header("x-stoa-identity"), import_key(jwks["keys"][0]), algorithms=["EdDSA"]
     )
@@ -122,7 +128,7 @@ def test_allowed_request_carries_gateway_identity_only(estate, idp):
     assert (claims["tenant"], claims["api"], claims["sub"]) == ("demo", "orders", "client-1")
 
 
-def test_auth_none_route_needs_no_token_but_strips(estate):
+def test_auth_none_route_needs_no_token_but_strips(estate: Estate) -> None:
     estate.upstream.clear()
     reply = get(estate, path="/apis/open/x", headers=[("X-User-Id", "root")])
     assert reply.status_code == 200
@@ -131,20 +137,18 @@ def test_auth_none_route_needs_no_token_but_strips(estate):
     assert arrival.header("x-user-id") is None
 
 
-def test_duplicate_authorization_is_400(estate, idp):
-    token = idp.mint(**good(idp))
+def test_duplicate_authorization_is_400(estate: Estate, idp: DevIdentityProvider) -> None:
+    token = idp.mint(**good())
     reply = estate.gateway.get(
         estate.url(PATH), headers=[("authorization", f"Bearer {token}"), ("authorization", f"Bearer {token}")]
     )
     assert reply.status_code == 400
 
 
-def test_decision_log_has_one_event_per_request_and_no_secrets(estate, idp):
-    log_path = estate.site.authz.log_path
-
-    def decisions() -> list[dict]:
-        lines = [json.loads(x) for x in log_path.read_text().splitlines() if x.startswith("{")]
-        return [e for e in lines if e.get("event") == "ext_authz_decision"]
+def test_decision_log_has_one_event_per_request_and_no_secrets(
+    estate: Estate, idp: DevIdentityProvider
+) -> None:
+    decisions = authz_site(estate).authz_decisions
 
     before = len(decisions())
     token = idp.mint(tenant="demo", scope="orders:read", sub="subject-unique-4711")
@@ -160,7 +164,7 @@ def test_decision_log_has_one_event_per_request_and_no_secrets(estate, idp):
         assert "subject-unique-4711" not in text, path
 
 
-def test_key_rotation_passes_after_the_cp_ships_the_new_jwks(estate):
+def test_key_rotation_passes_after_the_cp_ships_the_new_jwks(estate: Estate) -> None:
     """Airtight: the rotating provider is stopped before any token with its new kid is used, so the
     site can only know the new key from the inventory the CP shipped."""
     with DevIdentityProvider(alg="ES256", audience=AUDIENCE) as rotating:
@@ -169,11 +173,11 @@ def test_key_rotation_passes_after_the_cp_ships_the_new_jwks(estate):
         )
         assert created.status_code == 201, created.text
         estate.wait_synced()
-        assert get(estate, rotating.mint(**good(rotating))).status_code == 200
+        assert get(estate, rotating.mint(**good())).status_code == 200
         old_kid = rotating.kid
         new_kid = rotating.rotate()
         assert new_kid != old_kid
-        token = rotating.mint(**good(rotating))
+        token = rotating.mint(**good())
         refreshed = estate.admin.post(f"/v1/tenants/demo/issuers/{created.json()['issuer_id']}/refresh")
         assert refreshed.is_success, refreshed.text
         assert refreshed.json()["changed"] is True

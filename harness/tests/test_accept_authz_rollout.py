@@ -5,11 +5,12 @@ out, a service without an audience denies everything and says so, and production
 from __future__ import annotations
 
 import base64
-import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -20,11 +21,11 @@ from google.rpc import code_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from stoa_harness.estate import Estate, EstateOptions, console_script
 from stoa_harness.idp import DevIdentityProvider
-from stoa_harness.postgres import EmbeddedPostgres
 from stoa_harness.wait import wait_until
 
 AUDIENCE = "stoa-rollout"
 PATH = "/apis/orders/items"
+DIRECT_REQUEST_ID = "rollout-1"
 
 
 @pytest.fixture(scope="module")
@@ -34,28 +35,22 @@ def idp() -> Iterator[DevIdentityProvider]:
 
 
 @pytest.fixture(scope="module")
-def estate(postgres: EmbeddedPostgres, tmp_path_factory, idp) -> Iterator[Estate]:
+def estate(idp: DevIdentityProvider, estates: Callable[..., Estate]) -> Estate:
     options = EstateOptions(
         authz="service",
         authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE},
         # The rollout test holds Envoy still mid-publication; leave it room before the ACK deadline.
         link_env={"STOA_LINK_ACK_TIMEOUT_S": "30"},
     )
-    with Estate(options, postgres=postgres, run_dir=tmp_path_factory.mktemp("estate-rollout")) as running:
-        running.ensure_tenant("demo")
-        reply = running.admin.post(
-            "/v1/tenants/demo/issuers", json={"issuer": idp.issuer, "jwks": idp.jwks()}
-        )
-        assert reply.status_code == 201, reply.text
-        running.wait_synced(
-            running.publish("orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"]})
-        )
-        wait_until(
-            lambda: httpx.get(f"{running.site.authz_http_url}/health/ready").status_code == 200,
-            30,
-            "stoa-authz ready",
-        )
-        yield running
+    running = estates(options, "estate-rollout")
+    running.ensure_tenant("demo")
+    running.add_issuer("demo", idp.issuer, jwks=idp.jwks())
+    running.wait_synced(
+        running.publish("orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"]})
+    )
+    assert running.site is not None
+    running.site.wait_authz_ready()
+    return running
 
 
 def get(estate: Estate, token: str) -> httpx.Response:
@@ -65,20 +60,21 @@ def get(estate: Estate, token: str) -> httpx.Response:
 def route_policy_version(estate: Estate, token: str) -> str:
     """The policy_set_version Envoy's route `orders` passes to ext_authz right now (Envoy redacts
     context extensions in its config dump, so it is read from the decision event of a request)."""
-    before = len(authz_events(estate, "ext_authz_decision"))
+    assert estate.site is not None
+    before = len(estate.site.authz_decisions(direct=is_direct))
     estate.gateway.get(estate.url(PATH), headers={"authorization": f"Bearer {token}"})
-    [event] = wait_until(
-        lambda: authz_events(estate, "ext_authz_decision")[before:], 10, "the probe's decision event"
-    )
+    [event] = estate.site.authz_decisions(direct=is_direct)[before:]
     return event["policy_set_version"]
 
 
-def authz_events(estate: Estate, message: str) -> list[dict]:
+def is_direct(event: dict[str, Any]) -> bool:
+    """A decision on a Check `direct_check` sent, not Envoy."""
+    return event.get("request_id") == DIRECT_REQUEST_ID
+
+
+def authz_events(estate: Estate, name: str) -> list[dict[str, Any]]:
     assert estate.site is not None
-    assert estate.site.authz is not None
-    lines = estate.site.authz.log_path.read_text().splitlines()
-    events = [json.loads(line) for line in lines if line.startswith("{")]
-    return [e for e in events if message in (e.get("message"), e.get("event"))]
+    return estate.site.authz_events(name)
 
 
 def direct_check(estate: Estate, token: str, version: str) -> external_auth_pb2.CheckResponse:
@@ -88,7 +84,7 @@ def direct_check(estate: Estate, token: str, version: str) -> external_auth_pb2.
         {"tenant_id": "demo", "api_id": "orders", "route_id": "orders", "policy_set_version": version}
     )
     http = request.attributes.request.http
-    http.id, http.method, http.path = "rollout-1", "GET", PATH
+    http.id, http.method, http.path = DIRECT_REQUEST_ID, "GET", PATH
     http.headers.update(
         {":authority": "gw", ":method": "GET", ":path": PATH, "authorization": f"Bearer {token}"}
     )
@@ -97,7 +93,7 @@ def direct_check(estate: Estate, token: str, version: str) -> external_auth_pb2.
         return external_auth_pb2_grpc.AuthorizationStub(channel).Check(request, timeout=5)
 
 
-def weak_rsa_jwks() -> dict:
+def weak_rsa_jwks() -> dict[str, Any]:
     """A well-formed RSA public key the CP stores but the service refuses (1024 bits < 2048)."""
     numbers = rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key().public_numbers()
 
@@ -111,7 +107,9 @@ def weak_rsa_jwks() -> dict:
     return {"keys": [{"kty": "RSA", "kid": "weak-1", "use": "sig", "n": b64(numbers.n), "e": b64(numbers.e)}]}
 
 
-def test_unusable_jwks_is_nacked_and_previous_decisions_stand(estate, idp):
+def test_unusable_jwks_is_nacked_and_previous_decisions_stand(
+    estate: Estate, idp: DevIdentityProvider
+) -> None:
     token = idp.mint(tenant="demo", scope="orders:read")
     assert get(estate, token).status_code == 200
     envoy_before = estate.envoy.versions()
@@ -151,7 +149,9 @@ def test_unusable_jwks_is_nacked_and_previous_decisions_stand(estate, idp):
     assert get(estate, token).status_code == 200
 
 
-def test_route_built_with_set_n_is_decided_with_n_while_n_plus_1_rolls_out(estate, idp):
+def test_route_built_with_set_n_is_decided_with_n_while_n_plus_1_rolls_out(
+    estate: Estate, idp: DevIdentityProvider
+) -> None:
     """Envoy is held still (SIGSTOP) after the service took set N+1, so the publication is caught
     between the two: the gateway is PENDING, Envoy's routes still name set N, and the Check such a
     route sends (replayed over gRPC to the real service) is decided with N's scopes."""
@@ -196,22 +196,25 @@ def test_route_built_with_set_n_is_decided_with_n_while_n_plus_1_rolls_out(estat
 
 
 @pytest.fixture(scope="module")
-def unconfigured(postgres: EmbeddedPostgres, tmp_path_factory) -> Iterator[Estate]:
+def unconfigured(estates: Callable[..., Estate]) -> Estate:
     """stoa-authz without STOA_AUTHZ_AUDIENCE (development: it starts, warns and denies)."""
     options = EstateOptions(authz="service", authz_env={"STOA_AUTHZ_AUDIENCE": ""})
-    with Estate(options, postgres=postgres, run_dir=tmp_path_factory.mktemp("estate-no-aud")) as running:
-        running.wait_synced(running.publish("open", tenant_id="demo", auth={"mode": "none", "scopes": []}))
-        running.wait_synced(
-            running.publish("orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"]})
-        )
-        yield running
+    running = estates(options, "estate-no-aud")
+    running.wait_synced(running.publish("open", tenant_id="demo", auth={"mode": "none", "scopes": []}))
+    running.wait_synced(
+        running.publish("orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"]})
+    )
+    return running
 
 
-def test_without_audience_every_request_is_denied_and_not_ready(unconfigured, idp):
+def test_without_audience_every_request_is_denied_and_not_ready(
+    unconfigured: Estate, idp: DevIdentityProvider
+) -> None:
     token = idp.mint(tenant="demo", scope="orders:read", audience="")
     for path, headers in (("/apis/open/x", {}), (PATH, {"authorization": f"Bearer {token}"})):
         reply = unconfigured.gateway.get(unconfigured.url(path), headers=headers)
         assert reply.status_code == 503, (path, reply.text)
+    assert unconfigured.site is not None
     ready = httpx.get(f"{unconfigured.site.authz_http_url}/health/ready")
     assert ready.status_code == 503
     assert ready.json() == {"status": "not_configured"}
@@ -220,7 +223,7 @@ def test_without_audience_every_request_is_denied_and_not_ready(unconfigured, id
             health_pb2.HealthCheckRequest(service=""), timeout=5
         )
     assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
-    reasons = [e["reason"] for e in authz_events(unconfigured, "ext_authz_decision")]
+    reasons = [e["reason"] for e in unconfigured.site.authz_decisions()]
     assert reasons[-2:] == ["not_configured", "not_configured"]
 
 
@@ -228,7 +231,7 @@ def test_without_audience_every_request_is_denied_and_not_ready(unconfigured, id
     ("scopes", "message"),
     [("", "STOA_AUTHZ_REQUIRED_SCOPES is empty"), ("orders:read, ,admin", "blank entry")],
 )
-def test_production_with_bad_scope_list_does_not_start(tmp_path, scopes, message):
+def test_production_with_bad_scope_list_does_not_start(tmp_path: Path, scopes: str, message: str) -> None:
     env = {
         "PATH": os.environ.get("PATH", ""),
         "STOA_ENV": "production",

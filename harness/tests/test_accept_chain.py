@@ -59,13 +59,9 @@ def send(
 @pytest.fixture(scope="module")
 def chain(estate: Estate) -> Estate:
     up = estate.upstream
-    estate.ensure_tenant(TENANT)
-    estate.create_api("chain", tenant_id=TENANT, upstream_url=f"{up.url}/chain-up", methods=["GET", "POST"])
-    estate.deploy("chain")
-    estate.create_api("pc", tenant_id=TENANT, upstream_url=f"{up.url}/pc-up", methods=["GET"])
-    estate.deploy("pc")
-    estate.create_api("chain-ip", tenant_id=TENANT, upstream_url=f"{up.url}/ip-up", methods=["GET"])
-    estate.deploy("chain-ip")
+    estate.publish("chain", tenant_id=TENANT, upstream_url=f"{up.url}/chain-up", methods=["GET", "POST"])
+    estate.publish("pc", tenant_id=TENANT, upstream_url=f"{up.url}/pc-up", methods=["GET"])
+    estate.publish("chain-ip", tenant_id=TENANT, upstream_url=f"{up.url}/ip-up", methods=["GET"])
     estate.add_policy(
         "chain-cors",
         "cors",
@@ -91,9 +87,7 @@ def chain(estate: Estate) -> Estate:
     return estate
 
 
-@pytest.fixture(autouse=True)
-def _fresh(witness_allows: None, estate: Estate) -> None:
-    estate.upstream.clear()
+pytestmark = pytest.mark.usefixtures("fresh_records")
 
 
 def untouched(estate: Estate) -> bool:

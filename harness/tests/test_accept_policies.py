@@ -43,19 +43,17 @@ API_IDS = (
     "p-deny-other",
 )
 RATE_MAX = 3
-RATE_INTERVAL_S = 2
+# Envoy refills one token every RATE_INTERVAL_S / RATE_MAX seconds: the burst of RATE_MAX + 1 requests
+# must fit in that step (1 s leaves room on a loaded machine), and the test waits about that long.
+RATE_INTERVAL_S = 3
 
 
 @pytest.fixture(scope="module")
 def policies(estate: Estate) -> Estate:
     """Routes and their policies on gw-1, all published before the first wait."""
     up = estate.upstream
-    estate.ensure_tenant(TENANT)
     for api_id in API_IDS:
-        estate.create_api(
-            api_id, tenant_id=TENANT, upstream_url=f"{up.url}/{api_id}", methods=["GET", "POST"]
-        )
-        estate.deploy(api_id)
+        estate.publish(api_id, tenant_id=TENANT, upstream_url=f"{up.url}/{api_id}", methods=["GET", "POST"])
     estate.add_policy("cors-app", "cors", CORS_CONFIG, tenant_id=TENANT, targets=["p-cors"])
     estate.add_policy(
         "rate-3",
@@ -90,9 +88,7 @@ def policies(estate: Estate) -> Estate:
     return estate
 
 
-@pytest.fixture(autouse=True)
-def _fresh(witness_allows: None, estate: Estate) -> None:
-    estate.upstream.clear()
+pytestmark = pytest.mark.usefixtures("fresh_records")
 
 
 def cors_headers(response: httpx.Response) -> dict[str, str]:
@@ -237,21 +233,6 @@ def test_ip_filter_acts_on_the_peer_address_and_forged_forwarding_changes_nothin
 GW2 = "gw-2"
 
 
-def gateway_status(estate: Estate, gateway_id: str) -> dict[str, Any]:
-    return checked(estate.admin.get(f"/v1/gateways/{gateway_id}/status"))
-
-
-def wait_gateway_synced(estate: Estate, gateway_id: str, timeout: float = 30.0) -> None:
-    target = int(gateway_status(estate, gateway_id)["desired_generation"])
-
-    def synced() -> bool:
-        status = gateway_status(estate, gateway_id)
-        assert not (status["state"] == "FAILED" and int(status["desired_generation"]) == target), status
-        return status["state"] == "SYNCED" and int(status["acknowledged_generation"]) >= target
-
-    wait_until(synced, timeout, f"{gateway_id} SYNCED at generation {target}")
-
-
 def applied_inventory(site: Site) -> inventory_pb2.Inventory:
     """What the Link received, accepted and had Envoy acknowledge (its persisted last applied state)."""
     path = Path(site.link_env["STOA_LINK_STATE_DIR"]) / STATE_FILE
@@ -274,19 +255,11 @@ def second_gateway(
         estate.ensure_tenant(tenant)
     for api_id, tenant in (("sa-1", "scope-a"), ("sa-2", "scope-a"), ("sb-1", "scope-b")):
         estate.create_api(api_id, tenant_id=tenant, upstream_url=f"{up.url}/{api_id}", methods=["GET"])
-        checked(estate.admin.put(f"/v1/gateways/{GW2}/deployments/{api_id}"))
+        estate.deploy(api_id, gateway_id=GW2)
     estate.deploy("sa-1")  # scope-a also has a route on gw-1
     estate.add_policy("sa-cors", "cors", {"allowedOrigins": [ORIGIN]}, tenant_id="scope-a", scope="tenant")
-    checked(
-        estate.admin.post(
-            f"/v1/gateways/{GW2}/policies",
-            json={
-                "policy_id": "gw2-rate",
-                "type": "rate_limit",
-                "config": {"maxRequests": 100000, "intervalSeconds": 1},
-            },
-        )
-    )
+    rate = {"maxRequests": 100000, "intervalSeconds": 1}
+    estate.add_policy("gw2-rate", "rate_limit", rate, tenant_id=None, gateway_id=GW2)
     # An API binding without targets: were it broadened, it would deny every request from here.
     estate.add_policy(
         "sb-none", "ip_filter", {"mode": "deny", "ip_list": ["127.0.0.0/8"]}, tenant_id="scope-b", targets=[]
@@ -297,7 +270,7 @@ def second_gateway(
         gateway_id=GW2,
         credential=created["credential"],
     ) as site:
-        wait_gateway_synced(estate, GW2)
+        estate.wait_synced(gateway_id=GW2)
         estate.wait_synced()
         yield site, estate
 

@@ -170,23 +170,50 @@ def _api(**overrides: object) -> dict[str, object]:
 
 ADMIN_BAD_INPUTS = [
     pytest.param("POST", "/v1/tenants/no-such-tenant/apis", _api(), 404, "tenant_id", id="unknown-tenant"),
-    pytest.param("POST", "/v1/tenants", {"tenant_id": "bad-t", "name": "again"}, 409, "tenant_id",
-                 id="duplicate-tenant"),
-    pytest.param("POST", "/v1/tenants/bad-t2/apis", _api(api_id="bad-api"), 409, "api_id",
-                 id="duplicate-api-across-tenants"),
-    pytest.param("POST", "/v1/gateways", {"gateway_id": "gw-1", "name": "again"}, 409, "gateway_id",
-                 id="duplicate-gateway"),
-    pytest.param("POST", "/v1/tenants/bad-t/apis", _api(upstream_url="ftp://127.0.0.1/x"), 422,
-                 "upstream_url", id="bad-url-scheme"),
-    pytest.param("POST", "/v1/tenants/bad-t/apis", _api(upstream_url="not a url"), 422, "upstream_url",
-                 id="bad-url"),
+    pytest.param(
+        "POST",
+        "/v1/tenants",
+        {"tenant_id": "bad-t", "name": "again"},
+        409,
+        "tenant_id",
+        id="duplicate-tenant",
+    ),
+    pytest.param(
+        "POST",
+        "/v1/tenants/bad-t2/apis",
+        _api(api_id="bad-api"),
+        409,
+        "api_id",
+        id="duplicate-api-across-tenants",
+    ),
+    pytest.param(
+        "POST",
+        "/v1/gateways",
+        {"gateway_id": "gw-1", "name": "again"},
+        409,
+        "gateway_id",
+        id="duplicate-gateway",
+    ),
+    pytest.param(
+        "POST",
+        "/v1/tenants/bad-t/apis",
+        _api(upstream_url="ftp://127.0.0.1/x"),
+        422,
+        "upstream_url",
+        id="bad-url-scheme",
+    ),
+    pytest.param(
+        "POST", "/v1/tenants/bad-t/apis", _api(upstream_url="not a url"), 422, "upstream_url", id="bad-url"
+    ),
     pytest.param("POST", "/v1/tenants/bad-t/apis", _api(methods=["FETCH"]), 422, "methods", id="bad-method"),
-    pytest.param("POST", "/v1/tenants/bad-t/apis", _api(upstream_url=None), 422, "upstream_url",
-                 id="missing-upstream"),
+    pytest.param(
+        "POST", "/v1/tenants/bad-t/apis", _api(upstream_url=None), 422, "upstream_url", id="missing-upstream"
+    ),
     pytest.param("POST", "/v1/tenants/bad-t/apis", _api(methods=None), 422, "methods", id="missing-methods"),
     pytest.param("POST", "/v1/tenants", {"tenant_id": "bad-t3"}, 422, "name", id="missing-name"),
-    pytest.param("PUT", "/v1/gateways/gw-1/deployments/no-such-api", None, 404, "api_id",
-                 id="deploy-unknown-api"),
+    pytest.param(
+        "PUT", "/v1/gateways/gw-1/deployments/no-such-api", None, 404, "api_id", id="deploy-unknown-api"
+    ),
 ]
 
 
@@ -222,9 +249,12 @@ def test_cp_api_bad_input_gets_a_problem_naming_the_field_and_changes_nothing(
 
 @pytest.mark.parametrize(
     ("credential", "status"),
-    [pytest.param(None, 401, id="no-credential"), pytest.param("wrong", 401, id="unknown-credential"),
-     pytest.param("admin", 401, id="admin-token-is-not-a-gateway-credential"),
-     pytest.param("other", 403, id="another-gateways-credential")],
+    [
+        pytest.param(None, 401, id="no-credential"),
+        pytest.param("wrong", 401, id="unknown-credential"),
+        pytest.param("admin", 401, id="admin-token-is-not-a-gateway-credential"),
+        pytest.param("other", 403, id="another-gateways-credential"),
+    ],
 )
 @pytest.mark.parametrize("endpoint", ["config", "events", "sync-reports"])
 def test_gateway_endpoints_take_only_that_gateways_credential(
@@ -232,12 +262,21 @@ def test_gateway_endpoints_take_only_that_gateways_credential(
 ) -> None:
     before = _state(estate)
     last_report = estate.status()["last_report"]
-    token = {"wrong": "not-a-credential", "admin": estate.admin_token, "other": other_gateway["credential"],
-             None: None}[credential]
+    token = {
+        "wrong": "not-a-credential",
+        "admin": estate.admin_token,
+        "other": other_gateway["credential"],
+        None: None,
+    }[credential]
     headers = {"authorization": f"Bearer {token}"} if token else {}
     url = f"{estate.cp_url}/v1/gateways/{estate.gateway_id}/{endpoint}"
-    report = {"gateway_id": estate.gateway_id, "generation": before[0], "status": "FAILED", "reason": "NACK",
-              "detail": "forged"}
+    report = {
+        "gateway_id": estate.gateway_id,
+        "generation": before[0],
+        "status": "FAILED",
+        "reason": "NACK",
+        "detail": "forged",
+    }
 
     if endpoint == "sync-reports":
         response = httpx.post(url, json=report, headers=headers, timeout=5)
@@ -254,8 +293,12 @@ def test_admin_endpoints_refuse_a_missing_or_wrong_admin_token(estate: Estate) -
     before = _state(estate)
     gateway_credential = {"authorization": f"Bearer {estate.gateway_credential}"}
     for headers in ({}, {"authorization": "Bearer nope"}, gateway_credential):
-        response = httpx.post(f"{estate.cp_url}/v1/tenants", json={"tenant_id": "sneaky", "name": "x"},
-                              headers=headers, timeout=5)
+        response = httpx.post(
+            f"{estate.cp_url}/v1/tenants",
+            json={"tenant_id": "sneaky", "name": "x"},
+            headers=headers,
+            timeout=5,
+        )
         assert response.status_code == 401, response.text
         assert response.headers["content-type"].startswith("application/problem+json")
     assert _state(estate) == before
@@ -276,8 +319,15 @@ def guard_inventory(
 ) -> inventory_pb2.Inventory:
     inv = inventory_pb2.Inventory(gateway_id=gateway_id, generation=generation)
     for route_id in routes:
-        inv.routes.add(route_id=route_id, tenant_id="t", api_id=route_id, path_prefix=f"/apis/{route_id}",
-                       methods=["GET"], upstream_url=f"{upstream.url}/{route_id}", auth_mode="none")
+        inv.routes.add(
+            route_id=route_id,
+            tenant_id="t",
+            api_id=route_id,
+            path_prefix=f"/apis/{route_id}",
+            methods=["GET"],
+            upstream_url=f"{upstream.url}/{route_id}",
+            auth_mode="none",
+        )
     for route_id in tombstones:
         inv.tombstones.add(route_id=route_id, generation=generation)
     return inv
@@ -326,8 +376,12 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuardedSite]:
     credential = "guard-credential-0123456789"
     with EchoUpstream() as upstream, ScriptedCP(GUARD_GATEWAY, credential) as cp:
         cp.push(guard_inventory(upstream, FIRST_GENERATION, ["ga", "gb"]))
-        site = Site(run_dir=tmp_path_factory.mktemp("guard-site"), cp_url=cp.url, gateway_id=GUARD_GATEWAY,
-                    credential=credential)
+        site = Site(
+            run_dir=tmp_path_factory.mktemp("guard-site"),
+            cp_url=cp.url,
+            gateway_id=GUARD_GATEWAY,
+            credential=credential,
+        )
         with site:
             guarded = GuardedSite(cp, site, upstream)
             cp.wait_report(FIRST_GENERATION, "SYNCED")

@@ -19,9 +19,7 @@ LIVE = "/apis/ref-live/x"
 @pytest.fixture(scope="module")
 def refusals(estate: Estate) -> Estate:
     up = estate.upstream
-    estate.ensure_tenant(TENANT)
-    estate.create_api("ref-live", tenant_id=TENANT, upstream_url=f"{up.url}/live", methods=["GET"])
-    estate.deploy("ref-live")
+    estate.publish("ref-live", tenant_id=TENANT, upstream_url=f"{up.url}/live", methods=["GET"])
     # A policy of every supported type already on the route: a duplicate of each is a refusal.
     estate.add_policy(
         "ref-cors",
