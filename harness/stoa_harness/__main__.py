@@ -105,6 +105,28 @@ def usage(estate: Estate, info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def demonstrate(estate: Estate, info: dict[str, Any]) -> str:
+    """Two real requests through Envoy, so the first screen shows the gateway deciding."""
+    url = estate.url(info["demo_path"])
+    lines = ["Seen just now through Envoy:"]
+    if "demo_token" in info:
+        allowed = estate.gateway.get(url, headers={"authorization": f"Bearer {info['demo_token']}"})
+        tenant = allowed.json().get("headers", {}).get("x-stoa-tenant-id") if allowed.is_success else None
+        lines.append(
+            f"  GET {info['demo_path']} with the demo token  -> {allowed.status_code}"
+            + (f" (the upstream saw x-stoa-tenant-id: {tenant})" if tenant else "")
+        )
+        refused = estate.gateway.get(url)
+        lines.append(
+            f"  GET {info['demo_path']} without a token      -> {refused.status_code}"
+            f" (WWW-Authenticate: {refused.headers.get('www-authenticate', '-')})"
+        )
+    else:
+        answered = estate.gateway.get(url)
+        lines.append(f"  GET {info['demo_path']} -> {answered.status_code}")
+    return "\n".join(lines)
+
+
 def describe(estate: Estate, extra: dict[str, Any]) -> dict[str, Any]:
     return {
         "cp_url": estate.cp_url,
@@ -149,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
             f"  envoy admin     {estate.envoy_admin_url}\n"
             f"  echo upstream   {estate.upstream.url}\n"
             + (f"  dev IdP         {idp.issuer}   (audience {AUDIENCE})\n" if idp is not None else "")
+            + f"\n{demonstrate(estate, info)}\n"
             + f"\nTry:\n{usage(estate, info)}\n\nCtrl-C stops everything.",
             flush=True,
         )
