@@ -8,7 +8,8 @@ fixed part of the envelope's claims; per request remain the envelope (request id
 and the removal of the inbound identity headers this request carried.
 
 The gRPC server is the synchronous one (a thread pool): for unary Checks, grpcio's asyncio server
-costs about twice the CPU per call (measured in ext-authz/bench/check_cpu.py).
+costs about twice the CPU per call (measured in ext-authz/bench/check_cpu.py). The decision event
+goes to a buffered `DecisionLog` (see bench/PROFILE-authz.md for what each part costs).
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ from stoa_authz import respond
 from stoa_authz.authorise import authorise
 from stoa_authz.envelope import Envelope
 from stoa_authz.identify import LEEWAY_S, Identifier, bearer_token
+from stoa_authz.log import DecisionLog
 from stoa_authz.normalise import normalise
 from stoa_authz.policy import PolicySet, PolicyStore, Route
 from stoa_authz.reasons import Deny, Reason
 from stoa_authz.strip import strip
 
-decision_log = logging.getLogger("stoa_authz.decision")
 log = logging.getLogger("stoa_authz.check")
 
 
@@ -56,12 +57,18 @@ class Decision:
 
 class Decider:
     def __init__(
-        self, config: DecisionConfig, store: PolicyStore, identifier: Identifier, envelope: Envelope
+        self,
+        config: DecisionConfig,
+        store: PolicyStore,
+        identifier: Identifier,
+        envelope: Envelope,
+        decision_log: DecisionLog,
     ) -> None:
         self._config = config
         self._store = store
         self._identifier = identifier
         self._envelope = envelope
+        self._decision_log = decision_log
 
     def decide(self, request: external_auth_pb2.CheckRequest) -> external_auth_pb2.CheckResponse:
         started = time.perf_counter()
@@ -79,18 +86,16 @@ class Decider:
             log.exception("decision failed")
             reason = Reason.INTERNAL_ERROR
             response = respond.deny(reason)
-        fields = {
-            "event": "ext_authz_decision",
-            "decision": "allow" if reason is Reason.ALLOWED else "deny",
-            "reason": reason.value,
-            "tenant": ext.get("tenant_id", ""),
-            "api": ext.get("api_id", ""),
-            "route": ext.get("route_id", ""),
-            "request_id": http.id or http.headers.get("x-request-id", ""),
-            "latency_ms": round((time.perf_counter() - started) * 1000, 3),
-            "policy_set_version": ext.get("policy_set_version", ""),
-        }
-        decision_log.info("ext_authz_decision", extra={"fields": fields})
+        self._decision_log.emit(
+            "allow" if reason is Reason.ALLOWED else "deny",
+            reason.value,
+            tenant=ext.get("tenant_id", ""),
+            api=ext.get("api_id", ""),
+            route=ext.get("route_id", ""),
+            request_id=http.id or http.headers.get("x-request-id", ""),
+            latency_ms=(time.perf_counter() - started) * 1000,
+            policy_set_version=ext.get("policy_set_version", ""),
+        )
         return response
 
     def _phases(

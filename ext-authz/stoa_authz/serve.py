@@ -22,6 +22,7 @@ from stoa_authz.check import AuthorizationService, Decider, DecisionConfig
 from stoa_authz.envelope import Envelope
 from stoa_authz.health import HttpEndpoints, Readiness
 from stoa_authz.identify import Identifier
+from stoa_authz.log import DecisionLog
 from stoa_authz.policy import PolicyStore
 from stoa_authz.settings import Settings, split_address
 
@@ -58,7 +59,8 @@ async def serve(settings: Settings, envelope: Envelope, stop: asyncio.Event | No
     config = DecisionConfig(
         settings.audience, frozenset(settings.required_scopes), cache_size=settings.token_cache_size
     )
-    decider = Decider(config, store, identifier, envelope)
+    decision_log = DecisionLog().start()
+    decider = Decider(config, store, identifier, envelope, decision_log)
 
     server = grpc_server(settings)
     external_auth_pb2_grpc.add_AuthorizationServicer_to_server(AuthorizationService(decider), server)
@@ -94,3 +96,5 @@ async def serve(settings: Settings, envelope: Envelope, stop: asyncio.Event | No
             await http.wait_closed()
     finally:
         await asyncio.to_thread(server.stop(grace=1).wait)
+        # After the last Check: every decision's event is written before the process exits.
+        decision_log.close()

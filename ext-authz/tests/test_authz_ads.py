@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 
 import grpc
@@ -17,6 +18,7 @@ from stoa_authz.ads import TYPE_URL, PolicySubscription
 from stoa_authz.check import Decider, DecisionConfig
 from stoa_authz.envelope import Envelope
 from stoa_authz.identify import Identifier
+from stoa_authz.log import DecisionLog
 from stoa_authz.policy import PolicyStore
 
 AUD = "stoa-test"
@@ -105,6 +107,7 @@ async def test_ack_nack_and_pinning(ads, idp, policy, req):
         store,
         Identifier(AUD, "tenant_id"),
         Envelope(OKPKey.generate_key("Ed25519"), "x"),
+        DecisionLog(io.StringIO()),
     )
     token = idp.mint(tenant="acme", scope="orders:read")
     headers = {"authorization": f"Bearer {token}"}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import io
 import json
-import logging
 
 import pytest
 from joserfc import jws
@@ -11,11 +11,24 @@ from joserfc.jwk import OKPKey, import_key
 from stoa_authz.check import Decider, DecisionConfig
 from stoa_authz.envelope import Envelope
 from stoa_authz.identify import Identifier
+from stoa_authz.log import DecisionLog
 from stoa_authz.policy import PolicyStore, compile_policy_set
 from stoa_authz.reasons import Reason
 from stoa_proto.bodies import DENY_BODIES
 
 AUD = "stoa-test"  # the conftest's audience
+
+
+class RecordedLog(DecisionLog):
+    """A decision log writing to memory; `events()` flushes and parses what was written."""
+
+    def __init__(self) -> None:
+        self.buffer = io.StringIO()
+        super().__init__(self.buffer)
+
+    def events(self) -> list[dict]:
+        self.flush()
+        return [json.loads(line) for line in self.buffer.getvalue().splitlines()]
 
 
 def make_decider(
@@ -26,7 +39,11 @@ def make_decider(
         store.add(compile_policy_set(policy(idp, version)))
     envelope = Envelope(OKPKey.generate_key("Ed25519"), "stoa-ext-authz")
     decider = Decider(
-        DecisionConfig(audience, frozenset(required)), store, Identifier(audience, "tenant_id"), envelope
+        DecisionConfig(audience, frozenset(required)),
+        store,
+        Identifier(audience, "tenant_id"),
+        envelope,
+        RecordedLog(),
     )
     return decider, envelope
 
@@ -152,12 +169,14 @@ CASES = [
 
 
 @pytest.mark.parametrize(("build", "reason", "status"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-async def test_decision(idp, req, policy, caplog, build, reason, status):
+async def test_decision(idp, req, policy, build, reason, status):
     decider, _ = make_decider(idp, policy)
-    with caplog.at_level(logging.INFO, logger="stoa_authz.decision"):
-        response = decider.decide(build(idp, req))
-    events = [r.fields for r in caplog.records if r.name == "stoa_authz.decision"]
+    response = decider.decide(build(idp, req))
+    events = decider._decision_log.events()
     assert [e["reason"] for e in events] == [reason.value]
+    assert [(e["event"], e["logger"], e["decision"]) for e in events] == [
+        ("ext_authz_decision", "stoa_authz.decision", "deny" if status else "allow")
+    ]
     if status is None:
         assert response.status.code == 0
         assert response.HasField("ok_response")
@@ -272,6 +291,7 @@ async def test_cached_token_expires(idp, req, policy):
         store,
         identifier,
         Envelope(OKPKey.generate_key("Ed25519"), "x"),
+        RecordedLog(),
     )
     token = idp.sign({**idp.claims(**GOOD), "iat": int(now[0]), "nbf": int(now[0]), "exp": int(now[0]) + 60})
     assert decider.decide(req(bearer(token))).HasField("ok_response")
@@ -281,16 +301,13 @@ async def test_cached_token_expires(idp, req, policy):
     assert len(store.get("v1").decisions) == 0
 
 
-async def test_internal_error_fails_closed(idp, req, policy, caplog):
+async def test_internal_error_fails_closed(idp, req, policy):
     decider, _ = make_decider(idp, policy)
 
     def boom(*_args):
         raise RuntimeError("secret-ish detail")
 
     decider._identifier.identify = boom
-    with caplog.at_level(logging.INFO):
-        response = decider.decide(req(bearer(idp.mint(**GOOD))))
+    response = decider.decide(req(bearer(idp.mint(**GOOD))))
     assert response.denied_response.status.code == 503
-    assert [r.fields["reason"] for r in caplog.records if r.name == "stoa_authz.decision"] == [
-        "internal_error"
-    ]
+    assert [e["reason"] for e in decider._decision_log.events()] == ["internal_error"]

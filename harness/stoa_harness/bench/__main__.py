@@ -5,11 +5,17 @@ Order: data path (one route) → churn (100 routes) → publication ladder 100 /
 `BENCH_QUICK=1`: the same route counts and report keys, fewer repetitions and shorter load phases
 (under 5 minutes on 2 cores). Results go to `bench/results/<date>/` at the repository root
 (`BENCH_RESULTS_DIR` overrides), and the summary table is printed.
+`BENCH_ONLY=data_path`: the data-path scenario alone (for work on the authorization hop); it writes
+`data_path.json` (the `data_path` section of the report) instead of the full report.
+`BENCH_ONLY=publication`: the publication ladder alone (with the footprint taken on the way); it writes
+`publication.json`. `BENCH_RUN_DIR=DIR` keeps the estate's logs (CP, Link, Envoy) in DIR.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import json
 import os
 import sys
 import tempfile
@@ -44,18 +50,21 @@ FULL = Plan(
 QUICK = Plan(quick=True, reps=3, load_s=2, one_conn_s=2, publications=5, changes=3, full=2, rest_window_s=3)
 
 
-def run(plan: Plan, run_dir: Path) -> dict[str, Any]:
+def run(plan: Plan, run_dir: Path, only: tuple[str, ...] = ("data_path", "churn")) -> dict[str, Any]:
     started = time.monotonic()
     phases: dict[str, float] = {}
     out: dict[str, Any] = {}
     with Rig(run_dir) as rig:
         mark = time.monotonic()
-        out["data_path"] = data_path.run(
-            rig, reps=plan.reps, duration_s=plan.load_s, one_conn_duration_s=plan.one_conn_s
-        )
-        phases["data_path"], mark = time.monotonic() - mark, time.monotonic()
-        out["churn"] = churn.run(rig)
-        phases["churn"], mark = time.monotonic() - mark, time.monotonic()
+        # `only` = () runs the publication ladder alone (BENCH_ONLY=publication).
+        if "data_path" in only:
+            out["data_path"] = data_path.run(
+                rig, reps=plan.reps, duration_s=plan.load_s, one_conn_duration_s=plan.one_conn_s
+            )
+            phases["data_path"], mark = time.monotonic() - mark, time.monotonic()
+        if "churn" in only:
+            out["churn"] = churn.run(rig)
+            phases["churn"], mark = time.monotonic() - mark, time.monotonic()
         ladder = publication.Ladder(rig)
         samples: dict[int, list[float]] = {}
         for count in LADDER:
@@ -77,13 +86,54 @@ def run(plan: Plan, run_dir: Path) -> dict[str, Any]:
     return out
 
 
+def run_data_path(plan: Plan, run_dir: Path, target: Path) -> None:
+    with Rig(run_dir) as rig:
+        result = data_path.run(
+            rig, reps=plan.reps, duration_s=plan.load_s, one_conn_duration_s=plan.one_conn_s
+        )
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "data_path.json").write_text(json.dumps(result, indent=2))
+    for name, s in result["variants"].items():
+        ratio = f"  ratio {s['ratio']['median']:.3f}" if "ratio" in s else ""
+        cpu = s.get("authz_cpu_us_per_decision")
+        cpu_text = f"  cpu/decision {cpu['median']:.0f} us" if cpu else ""
+        split = " ".join(f"{k}={v['median']:.2f}" for k, v in s["cpu_split"].items())
+        print(
+            f"{name:18s} rps {s['rps']['median']:7.0f}  p50 {s['p50_ms']['median']:.2f} ms"
+            f"{ratio}{cpu_text}  cores: {split}"
+        )
+    print(f"added p50 at one connection: {result['added_p50_ms_one_conn']:.3f} ms")
+    print(f"data path: {target / 'data_path.json'}")
+
+
 def main() -> int:
     plan = QUICK if os.environ.get("BENCH_QUICK", "") not in ("", "0") else FULL
     date = datetime.date.today().isoformat()
     target = Path(os.environ.get("BENCH_RESULTS_DIR") or REPO / "bench" / "results" / date)
-    with tempfile.TemporaryDirectory(prefix="stoa-bench-") as tmp:
-        results = run(plan, Path(tmp))
+    only = os.environ.get("BENCH_ONLY", "")
+    if only not in ("", "data_path", "publication"):
+        print(f"BENCH_ONLY={only!r}: only 'data_path' or 'publication' can run alone", file=sys.stderr)
+        return 2
+    if only == "data_path":
+        with tempfile.TemporaryDirectory(prefix="stoa-bench-") as tmp:
+            run_data_path(plan, Path(tmp), target)
+        return 0
+    keep = os.environ.get("BENCH_RUN_DIR", "")
+    with contextlib.ExitStack() as stack:
+        run_dir = (
+            Path(keep)
+            if keep
+            else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="stoa-bench-")))
+        )
+        results = run(plan, run_dir, () if only else ("data_path", "churn"))
     results = {"date": date, "quick": plan.quick, "environment": report.environment(REPO), **results}
+    if only == "publication":
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "publication.json").write_text(json.dumps(results, indent=2))
+        pub = {k: v for k, v in results["publication"].items() if "samples" not in k and k != "definition"}
+        print(json.dumps(pub, indent=2))
+        print(f"publication: {target / 'publication.json'}")
+        return 0
     text = report.write(results, target)
     print(text)
     print(f"report: {target / 'report.json'}")

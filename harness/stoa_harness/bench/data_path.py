@@ -6,12 +6,19 @@ Variants, each repetition measured back to back with its own proxy-only baseline
   scope), the same token every request (the service's token cache hits);
 - `authz_uncached`: the same route, tokens rotating through more distinct tokens than the service
   caches (every decision verifies a signature);
-each with 1, 2 and 4 `stoa-authz` worker processes (STOA_AUTHZ_WORKERS, SO_REUSEPORT).
+each with 1, 2 and 4 `stoa-authz` worker processes (STOA_AUTHZ_WORKERS, SO_REUSEPORT;
+`BENCH_AUTHZ_WORKERS=1,2` narrows the list, which must include 1).
 Authz CPU per decision = CPU time of every process in the authz session ÷ Checks Envoy made.
+Each phase also records `cpu_split`: the cores used by the gateway Envoy, the upstream Envoy, the
+authz processes and wrk during the phase (from /proc and the reaped wrk's rusage), the evidence of
+what shares the machine.
 """
 
 from __future__ import annotations
 
+import os
+import resource
+from collections.abc import Callable
 from typing import Any
 
 from stoa_harness.bench.load import WrkResult, run_wrk
@@ -22,31 +29,64 @@ from stoa_harness.wait import wait_until
 
 API_ID = "bench-dp"
 PATH = f"/apis/{API_ID}/resource"
-WORKER_COUNTS = (1, 2, 4)
+WORKER_COUNTS = tuple(int(n) for n in os.environ.get("BENCH_AUTHZ_WORKERS", "1,2,4").split(","))
 CONNECTIONS = 32
 UNCACHED_TOKENS = 12_000  # above the service's default token cache (10,000 entries)
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _split(rig: Rig, load: Callable[[], WrkResult]) -> tuple[WrkResult, dict[str, float], float]:
+    """Run `load`; its result, the cores each party used meanwhile, and the authz CPU seconds."""
+    gateway, upstream = rig.estate.envoy.proc, rig.upstream.envoy.proc
+    if gateway is None or upstream is None:
+        raise RuntimeError("both Envoys must run during the data path")
+    groups = {
+        "gateway_envoy": [gateway.pid],
+        "upstream_envoy": [upstream.pid],
+        "authz": session_pids(rig.authz_leader),
+    }
+    before = {name: cpu_seconds(pids) for name, pids in groups.items()}
+    wrk0 = _children_cpu()
+    result = load()
+    wrk1 = _children_cpu()
+    after = {name: cpu_seconds(pids) for name, pids in groups.items()}
+    wall = after["authz"].at - before["authz"].at
+    split = {name: (after[name].seconds - before[name].seconds) / wall for name in groups}
+    split["wrk"] = (wrk1 - wrk0) / wall  # wrk is this process's only child reaped meanwhile
+    return result, split, after["authz"].seconds - before["authz"].seconds
+
+
 def _authz_phase(rig: Rig, tokens: list[str], connections: int, duration_s: float) -> dict[str, Any]:
-    pids = session_pids(rig.authz_leader)
-    cpu0, checks0 = cpu_seconds(pids), rig.ext_authz_checks()
-    result = run_wrk(
-        rig.gateway_url, paths=[PATH], tokens=tokens, connections=connections, duration_s=duration_s
+    checks0 = rig.ext_authz_checks()
+    result, split, authz_cpu = _split(
+        rig,
+        lambda: run_wrk(
+            rig.gateway_url, paths=[PATH], tokens=tokens, connections=connections, duration_s=duration_s
+        ),
     )
-    cpu1, checks1 = cpu_seconds(pids), rig.ext_authz_checks()
+    checks1 = rig.ext_authz_checks()
     checks = max(1, checks1 - checks0)
     return {
         **result.as_dict(),
         "checks": checks1 - checks0,
-        "authz_cpu_us_per_decision": (cpu1.seconds - cpu0.seconds) / checks * 1e6,
-        "authz_cpu_cores": (cpu1.seconds - cpu0.seconds) / (cpu1.at - cpu0.at),
+        "authz_cpu_us_per_decision": authz_cpu / checks * 1e6,
+        "authz_cpu_cores": split["authz"],
+        "cpu_split": split,
     }
 
 
-def _proxy_phase(rig: Rig, tokens: list[str], connections: int, duration_s: float) -> WrkResult:
-    return run_wrk(
-        rig.proxy_only_url, paths=[PATH], tokens=tokens, connections=connections, duration_s=duration_s
+def _proxy_phase(rig: Rig, tokens: list[str], connections: int, duration_s: float) -> dict[str, Any]:
+    result, split, _ = _split(
+        rig,
+        lambda: run_wrk(
+            rig.proxy_only_url, paths=[PATH], tokens=tokens, connections=connections, duration_s=duration_s
+        ),
     )
+    return {**result.as_dict(), "cpu_split": split}
 
 
 def _check_clean(name: str, phase: dict[str, Any]) -> None:
@@ -77,7 +117,7 @@ def run(rig: Rig, *, reps: int, duration_s: float, one_conn_duration_s: float) -
             rig.gateway_url, paths=[PATH], tokens=cached, connections=CONNECTIONS, duration_s=1
         )  # warm-up
         for _ in range(reps):
-            proxy = _proxy_phase(rig, cached, CONNECTIONS, duration_s).as_dict()
+            proxy = _proxy_phase(rig, cached, CONNECTIONS, duration_s)
             _check_clean("proxy_only", proxy)
             variants.setdefault("proxy_only", []).append(proxy)
             for name, tokens in (("authz_cached", cached), ("authz_uncached", uncached)):
@@ -91,9 +131,9 @@ def run(rig: Rig, *, reps: int, duration_s: float, one_conn_duration_s: float) -
                 hop = _authz_phase(rig, cached, 1, one_conn_duration_s)
                 one_conn.append(
                     {
-                        "proxy_p50_ms": base.p50_ms,
+                        "proxy_p50_ms": base["p50_ms"],
                         "authz_p50_ms": hop["p50_ms"],
-                        "added_p50_ms": hop["p50_ms"] - base.p50_ms,
+                        "added_p50_ms": hop["p50_ms"] - base["p50_ms"],
                     }
                 )
     rig.restart_authz(1)
@@ -105,6 +145,7 @@ def run(rig: Rig, *, reps: int, duration_s: float, one_conn_duration_s: float) -
             for key in ("rps", "p50_ms", "p90_ms", "p99_ms", "ratio", "authz_cpu_us_per_decision")
             if key in phases[0]
         }
+        | {"cpu_split": {k: spread([p["cpu_split"][k] for p in phases]) for k in phases[0]["cpu_split"]}}
         for name, phases in variants.items()
     }
     ratios = {name: s["ratio"]["median"] for name, s in summary.items() if "ratio" in s}
