@@ -113,7 +113,12 @@ class PolicySubscription:
     def _apply(self, response: DiscoveryResponse) -> DiscoveryRequest:
         try:
             policy_set = decode(response)
-        except PolicyError as exc:
+        except Exception as exc:
+            # Anything compile did not foresee is a refusal too: NACK (the sets in force stay) rather
+            # than drop the stream and be sent the same set again after every reconnect.
+            if not isinstance(exc, PolicyError):
+                log.exception("policy set could not be compiled")
+                exc = PolicyError(f"policy set could not be compiled: {type(exc).__name__}")
             self.nacks += 1
             log.warning(
                 "policy set refused", extra={"version_info": response.version_info, "error": str(exc)}

@@ -55,6 +55,20 @@ class Decision:
     claims_prefix: str = ""
 
 
+def request_id(http: AttributeContext.HttpRequest) -> str:
+    """The `x-request-id` Envoy forwards upstream, so the envelope and the decision event correlate
+    with the upstream's and Envoy's logs; `http.id` is only Envoy's internal stream id."""
+    value = http.headers.get("x-request-id") or next(
+        (
+            e.raw_value.decode("utf-8", "replace") or e.value
+            for e in http.header_map.headers
+            if e.key.lower() == "x-request-id"
+        ),
+        "",
+    )
+    return value or http.id
+
+
 class Decider:
     def __init__(
         self,
@@ -75,8 +89,9 @@ class Decider:
         attributes = request.attributes
         ext = attributes.context_extensions
         http = attributes.request.http
+        rid = request_id(http)
         try:
-            response = self._phases(ext, http)
+            response = self._phases(ext, http, rid)
             reason = Reason.ALLOWED
         except Deny as denial:
             reason = denial.reason
@@ -92,14 +107,14 @@ class Decider:
             tenant=ext.get("tenant_id", ""),
             api=ext.get("api_id", ""),
             route=ext.get("route_id", ""),
-            request_id=http.id or http.headers.get("x-request-id", ""),
+            request_id=rid,
             latency_ms=(time.perf_counter() - started) * 1000,
             policy_set_version=ext.get("policy_set_version", ""),
         )
         return response
 
     def _phases(
-        self, ext: Mapping[str, str], http: AttributeContext.HttpRequest
+        self, ext: Mapping[str, str], http: AttributeContext.HttpRequest, rid: str
     ) -> external_auth_pb2.CheckResponse:
         if not self._config.audience:
             raise Deny(Reason.NOT_CONFIGURED)
@@ -116,7 +131,7 @@ class Decider:
         if decision.denial is not None:
             raise Deny(decision.denial)
         assert decision.grant is not None
-        envelope = self._envelope.mint(decision.claims_prefix, http.id)
+        envelope = self._envelope.mint(decision.claims_prefix, rid)
         return respond.allow(decision.grant, stripped.inbound_identity, envelope)
 
     def _decision(self, token: str, route: Route, policy: PolicySet) -> Decision:

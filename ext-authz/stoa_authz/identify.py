@@ -42,7 +42,10 @@ class Identity:
 
 def _b64json(segment: str) -> dict[str, Any]:
     padded = segment + "=" * (-len(segment) % 4)
-    value = json.loads(base64.urlsafe_b64decode(padded))
+    try:
+        value = json.loads(base64.urlsafe_b64decode(padded))
+    except RecursionError as exc:  # deeply nested JSON: malformed, not an internal error
+        raise ValueError("JSON nested too deeply") from exc
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
     return value
@@ -110,7 +113,9 @@ class Identifier:
             raise Deny(Reason.WRONG_ISSUER)
         alg = header.get("alg")
         kid = header.get("kid", "")
-        if not isinstance(alg, str) or not isinstance(kid, str):
+        # No JWS extension is implemented, so a token naming any critical one is refused (RFC 7515
+        # 4.1.11); the library would accept e.g. "b64" or an empty list.
+        if not isinstance(alg, str) or not isinstance(kid, str) or "crit" in header:
             raise Deny(Reason.INVALID_TOKEN)
         key = self._key(issuer, kid)
         if key is None or alg not in key.algorithms:
@@ -126,13 +131,17 @@ class Identifier:
         except JoseError as exc:  # missing or invalid claim: aud has its own reason
             wrong_aud = getattr(exc, "claim", "") == "aud"
             raise Deny(Reason.WRONG_AUDIENCE if wrong_aud else Reason.INVALID_TOKEN) from exc
+        try:
+            expires_at = float(claims["exp"])
+        except OverflowError as exc:  # an integer beyond any date (the library checks only its type)
+            raise Deny(Reason.INVALID_TOKEN) from exc
         subject = claims.get("sub", "")
         tenant = claims.get(self._tenant_claim)
         return Identity(
             subject=subject if isinstance(subject, str) else "",
             tenant=tenant if isinstance(tenant, str) else None,
             scopes=granted_scopes(claims),
-            expires_at=float(claims["exp"]),
+            expires_at=expires_at,
         )
 
     def _key(self, issuer: TrustedIssuer, kid: str) -> VerificationKey | None:

@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     token_cache_size: int = Field(default=10_000, ge=0)
     jwks_fetch_timeout_s: float = Field(default=2.0, gt=0, le=30)
 
+    @field_validator("audience")
+    @classmethod
+    def _strip_audience(cls, value: str) -> str:
+        # A blank audience is no audience: not_configured and not ready, never "ready for ' '".
+        return value.strip()
+
     @field_validator("required_scopes", mode="before")
     @classmethod
     def _split_scopes(cls, value: object) -> object:

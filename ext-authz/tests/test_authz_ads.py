@@ -143,3 +143,20 @@ async def test_resubscribes_after_server_restart(idp, policy):
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await server.stop(grace=0)
+
+
+async def test_unforeseen_compile_failure_is_a_nack(ads, idp, policy, monkeypatch):
+    fake, store = ads
+    await next_request(fake)
+    await fake.outgoing.put(response(policy(idp, "v1"), "snap-1", "n1"))
+    await next_request(fake)
+
+    def broken(_message):
+        raise TypeError("unhashable type: 'list'")
+
+    monkeypatch.setattr("stoa_authz.ads.compile_policy_set", broken)
+    await fake.outgoing.put(response(policy(idp, "v2"), "snap-2", "n2"))
+    nack = await next_request(fake)
+    assert (nack.version_info, nack.response_nonce) == ("snap-1", "n2")
+    assert "TypeError" in nack.error_detail.message
+    assert store.versions() == ["v1"]

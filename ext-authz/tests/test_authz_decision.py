@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 
 import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding
 from joserfc import jws
-from joserfc.jwk import OKPKey, import_key
+from joserfc.jwk import OKPKey, RSAKey, import_key
 from stoa_authz.check import Decider, DecisionConfig
 from stoa_authz.envelope import Envelope
 from stoa_authz.identify import Identifier
 from stoa_authz.log import DecisionLog
 from stoa_authz.policy import PolicyStore, compile_policy_set
 from stoa_authz.reasons import Reason
+from stoa_harness.idp import DevIdentityProvider
+from stoa_proto import authz_pb2
 from stoa_proto.bodies import DENY_BODIES
 
 AUD = "stoa-test"  # the conftest's audience
@@ -58,6 +63,23 @@ def headers_of(response) -> dict[str, str]:
 
 
 GOOD = {"tenant": "acme", "scope": "orders:read"}
+STRANGER = RSAKey.generate_key(2048)
+
+
+def b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def raw_rs256(idp, header: dict, claims: dict, key: RSAKey | None = None) -> str:
+    """RS256 with the IdP's kid, signed without the JOSE library (which refuses to produce some of
+    these headers): by the IdP's key unless another `key` is given."""
+    head = json.dumps({"alg": "RS256", "kid": idp.kid, **header}).encode()
+    signing_input = f"{b64(head)}.{b64(json.dumps(claims).encode())}"
+    signature = (key or idp._key).private_key.sign(
+        signing_input.encode(), padding.PKCS1v15(), hashes.SHA256()
+    )
+    return f"{signing_input}.{b64(signature)}"
+
 
 # (case id, request builder(idp) -> CheckRequest, expected reason, expected HTTP status or None for allow)
 CASES = [
@@ -147,6 +169,74 @@ CASES = [
         400,
     ),
     ("nul", lambda i, r: r({"x-note": "a\x00b"}), Reason.MALFORMED_REQUEST, 400),
+    # A valid signature by the trusted key, but a critical extension nobody implements.
+    (
+        "crit-b64",
+        lambda i, r: r(bearer(raw_rs256(i, {"crit": ["b64"], "b64": True}, i.claims(**GOOD)))),
+        Reason.INVALID_TOKEN,
+        401,
+    ),
+    (
+        "crit-empty",
+        lambda i, r: r(bearer(raw_rs256(i, {"crit": []}, i.claims(**GOOD)))),
+        Reason.INVALID_TOKEN,
+        401,
+    ),
+    # Keys the token carries or points at are never used: only the delivered JWKS verifies.
+    (
+        "embedded-jwk",
+        lambda i, r: r(
+            bearer(raw_rs256(i, {"jwk": STRANGER.as_dict(private=False)}, i.claims(**GOOD), STRANGER))
+        ),
+        Reason.INVALID_TOKEN,
+        401,
+    ),
+    (
+        "jku-x5u",
+        lambda i, r: r(
+            bearer(
+                raw_rs256(
+                    i,
+                    {"jku": "http://127.0.0.1:9/k", "x5u": "http://127.0.0.1:9/c"},
+                    i.claims(**GOOD),
+                    STRANGER,
+                )
+            )
+        ),
+        Reason.INVALID_TOKEN,
+        401,
+    ),
+    (
+        "exp-beyond-any-date",
+        lambda i, r: r(bearer(raw_rs256(i, {}, {**i.claims(**GOOD), "exp": 10**400}))),
+        Reason.INVALID_TOKEN,
+        401,
+    ),
+    (
+        "deeply-nested-payload",
+        lambda i, r: r(bearer(f"{b64(b'{}')}.{b64(b'[' * 5000 + b']' * 5000)}.c2ln")),
+        Reason.INVALID_TOKEN,
+        401,
+    ),
+    (
+        "bad-base64",
+        lambda i, r: r(bearer("!!!." + i.mint(**GOOD).split(".", 1)[1])),
+        Reason.INVALID_TOKEN,
+        401,
+    ),
+    (
+        "non-json-header",
+        lambda i, r: r(bearer(b64(b"x{") + "." + i.mint(**GOOD).split(".", 1)[1])),
+        Reason.INVALID_TOKEN,
+        401,
+    ),
+    ("very-long-token", lambda i, r: r(bearer(i.mint(**GOOD, pad="x" * 20_000))), Reason.INVALID_TOKEN, 401),
+    (
+        "iss-not-exact",
+        lambda i, r: r(bearer(i.mint(iss=i.issuer + "/", **GOOD))),
+        Reason.WRONG_ISSUER,
+        401,
+    ),
     (
         "unknown-route",
         lambda i, r: r(bearer(i.mint(**GOOD)), route_id="ghost"),
@@ -311,3 +401,56 @@ async def test_internal_error_fails_closed(idp, req, policy):
     response = decider.decide(req(bearer(idp.mint(**GOOD))))
     assert response.denied_response.status.code == 503
     assert [e["reason"] for e in decider._decision_log.events()] == ["internal_error"]
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["headers", "header_map"])
+async def test_request_id_is_the_forwarded_x_request_id(idp, req, policy, raw):
+    """Envoy's `http.id` is its stream id; the upstream and Envoy's logs know the x-request-id."""
+    decider, envelope = make_decider(idp, policy)
+    request = req({**bearer(idp.mint(**GOOD)), "x-request-id": "rid-5"}, request_id="4711")
+    if raw:
+        http = request.attributes.request.http
+        for name, value in http.headers.items():
+            entry = http.header_map.headers.add()
+            entry.key, entry.raw_value = name, value.encode()
+        http.headers.clear()
+    response = decider.decide(request)
+    public = import_key(json.loads(envelope.jwks)["keys"][0])
+    identity = jws.deserialize_compact(headers_of(response)["x-stoa-identity"], public, algorithms=["EdDSA"])
+    assert json.loads(identity.payload)["request_id"] == "rid-5"
+    assert [e["request_id"] for e in decider._decision_log.events()] == ["rid-5"]
+
+
+async def test_keys_of_another_tenant_and_cached_allows_stay_on_their_route(idp, req, policy):
+    """globex trusts its own IdP: its tokens (or its key under acme's issuer name) never pass on an
+    acme route; a token allowed (and cached) on `orders` is still decided afresh on `admin`."""
+    other = DevIdentityProvider(alg="RS256", audience=AUD)
+    globex = "https://globex.example"  # its own issuer: unstarted IdPs share one base URL
+
+    def two_tenants(i, version):
+        message = policy(i, version)
+        message.routes.append(
+            authz_pb2.AuthzRoute(route_id="admin", tenant_id="acme", api_id="admin", scopes=["orders:admin"])
+        )
+        message.issuers.append(
+            authz_pb2.AuthzIssuer(tenant_id="globex", issuer=globex, jwks_json=json.dumps(other.jwks()))
+        )
+        return message
+
+    decider, _ = make_decider(idp, two_tenants)
+    foreign = other.mint(iss=globex, **GOOD)
+    spoofed = other.sign({**other.claims(**GOOD), "iss": idp.issuer})
+    token = idp.mint(**GOOD)
+    outcomes = [
+        decider.decide(req(bearer(foreign))),
+        decider.decide(req(bearer(spoofed))),
+        decider.decide(req(bearer(token))),
+        decider.decide(req(bearer(token), route_id="admin", api_id="admin")),
+    ]
+    assert [e["reason"] for e in decider._decision_log.events()] == [
+        "wrong_issuer",
+        "invalid_token",
+        "allowed",
+        "insufficient_scope",
+    ]
+    assert outcomes[3].denied_response.status.code == 403

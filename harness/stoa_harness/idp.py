@@ -187,8 +187,12 @@ class DevIdentityProvider(Lifecycle):
             return JSONResponse(self.jwks())
 
         async def token(request: Request) -> Response:
-            form = {k: v[-1] for k, v in parse_qs((await request.body()).decode("utf-8", "replace")).items()}
-            if form.get("grant_type") != "client_credentials":
+            fields = parse_qs((await request.body()).decode("utf-8", "replace"))
+            # RFC 6749 5.2: a missing or repeated parameter is invalid_request.
+            if "grant_type" not in fields or any(len(values) > 1 for values in fields.values()):
+                return JSONResponse({"error": "invalid_request"}, status_code=400)
+            form = {k: v[0] for k, v in fields.items()}
+            if form["grant_type"] != "client_credentials":
                 return JSONResponse({"error": "unsupported_grant_type"}, status_code=400)
             scope = form.get("scope", "")
             access_token = self.mint(

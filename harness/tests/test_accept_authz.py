@@ -3,6 +3,7 @@ malformed requests and the decision log (issue 4). CP + Link + Envoy + stoa-auth
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -151,6 +152,7 @@ def test_decision_log_has_one_event_per_request_and_no_secrets(
     decisions = authz_site(estate).authz_decisions
 
     before = len(decisions())
+    estate.upstream.clear()
     token = idp.mint(tenant="demo", scope="orders:read", sub="subject-unique-4711")
     assert get(estate, token).status_code == 200
     assert get(estate).status_code == 401
@@ -158,6 +160,11 @@ def test_decision_log_has_one_event_per_request_and_no_secrets(
         lambda: decisions()[before:] if len(decisions()) >= before + 2 else None, 10, "two events"
     )
     assert [e["reason"] for e in new] == ["allowed", "missing_token"]
+    # The event and the envelope carry the request id the upstream sees (not Envoy's stream id).
+    [arrival] = estate.upstream.arrivals()
+    identity = arrival.header("x-stoa-identity").split(".")[1]
+    envelope_claims = json.loads(base64.urlsafe_b64decode(identity + "=" * (-len(identity) % 4)))
+    assert new[0]["request_id"] == envelope_claims["request_id"] == arrival.header("x-request-id")
     for path in estate.run_dir.glob("*.log"):
         text = path.read_text(errors="replace")
         assert token not in text, path

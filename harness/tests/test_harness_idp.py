@@ -65,6 +65,29 @@ def test_token_endpoint_refuses_other_grants(idp):
     assert reply.json()["error"] == "unsupported_grant_type"
 
 
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"tenant": "acme"},
+        [("grant_type", "client_credentials"), ("tenant", "acme"), ("tenant", "other")],
+        [("grant_type", "password"), ("grant_type", "client_credentials")],
+    ],
+    ids=["no-grant-type", "repeated-tenant", "repeated-grant-type"],
+)
+def test_token_endpoint_refuses_missing_or_repeated_parameters(idp, form):
+    reply = (
+        httpx.post(idp.token_url, data=form)
+        if isinstance(form, dict)
+        else httpx.post(
+            idp.token_url,
+            content="&".join(f"{k}={v}" for k, v in form),
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+    )
+    assert reply.status_code == 400
+    assert reply.json()["error"] == "invalid_request"
+
+
 def test_rotation_publishes_new_kid_and_keeps_old(idp):
     before = idp.mint()
     old_kid = idp.kid
