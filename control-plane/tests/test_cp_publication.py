@@ -4,6 +4,10 @@ for gateways it changes), tombstones, inventory content, and the sync status sta
 from __future__ import annotations
 
 import asyncio
+import json
+
+from google.protobuf import json_format
+from stoa_proto import inventory_pb2
 
 
 async def test_deploy_undeploy_redeploy_generations_and_tombstones(api) -> None:
@@ -236,3 +240,27 @@ async def test_concurrent_changes_each_get_their_own_generation(api) -> None:
     assert inv["generation"] == str(final)
     assert sorted(r["route_id"] for r in inv["routes"]) == sorted(apis)
     assert [p["policy_id"] for p in inv["policies"]] == [policy["policy_id"]]
+
+
+async def test_config_document_is_exactly_what_json_format_writes_for_it(api) -> None:
+    # The large lists are written by PostgreSQL: the bytes must still be json_format's (field order
+    # with defaults last, int64 as strings, empty lists present), with set and unset fields mixed.
+    tenant_id = await api.tenant()
+    gateway_id, credential = await api.gateway()
+    full = await api.new_api(
+        tenant_id, methods=["GET", "POST"], timeout_ms=1200, auth={"mode": "jwt", "scopes": ["a:b"]}
+    )
+    bare = await api.new_api(tenant_id, auth={"mode": "none", "scopes": []})  # timeout 0, no scopes
+    gone = await api.new_api(tenant_id)
+    for api_id in (full, bare, gone):
+        await api.deploy(gateway_id, api_id)
+    assert (await api.admin.delete(f"/v1/gateways/{gateway_id}/deployments/{gone}")).status_code == 200
+    async with api.cp.gateway(credential) as client:
+        body = (await client.get(f"/v1/gateways/{gateway_id}/config")).text
+    parsed = json_format.Parse(body, inventory_pb2.Inventory())
+    assert [r.route_id for r in parsed.routes] == sorted([full, bare])
+    assert [t.route_id for t in parsed.tombstones] == [gone]
+    rewritten = json_format.MessageToDict(
+        parsed, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    assert body == json.dumps(rewritten, separators=(",", ":"))

@@ -8,9 +8,10 @@ PolicyError, which the ADS client turns into a NACK; the previous sets stay in f
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
+import threading
+from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from joserfc.errors import JoseError
@@ -125,42 +126,130 @@ class PolicySet:
     decisions: OrderedDict[tuple[str, bytes], Any] = field(default_factory=OrderedDict)
 
 
+# An issuer-less tenant's routes share this map; nothing ever writes to a route's issuer map.
+_NO_ISSUERS: dict[str, TrustedIssuer] = {}
+# How many recent compilations a new one may reuse from (the store keeps as many sets by default).
+_REUSE_DEPTH = 4
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    """What one successful compilation produced, by content, for the next ones to reuse."""
+
+    # jwks_json → its parsed keys (importing keys is the costly part of an issuer).
+    keys: dict[str, dict[str, VerificationKey]]
+    # (tenant, its issuers as delivered: (issuer, jwks_json, jwks_uri) in order) → its issuer map.
+    tenants: dict[tuple[str, tuple[tuple[str, str, str], ...]], dict[str, TrustedIssuer]]
+    # A route's deterministic serialisation → its compiled Route.
+    routes: dict[bytes, Route]
+
+
+# Newest first. Content-keyed, so reuse gives what compiling again would; only the ADS thread (or a
+# test) compiles, the lock just keeps two compilations from interleaving their bookkeeping.
+_recent: deque[_Compiled] = deque(maxlen=_REUSE_DEPTH)
+_recent_lock = threading.Lock()
+
+
 def compile_policy_set(message: authz_pb2.AuthzPolicySet) -> PolicySet:
+    """Compile `message`, reusing what recent compilations prepared for the same content.
+
+    A new version usually differs by a route or two (a deployment, an edit): unchanged routes keep
+    their compiled Route and unchanged tenants their parsed keys, so the cost follows the change,
+    not the estate. Each set gets its own route map; shared Route objects are immutable.
+    """
     if not message.version:
         raise PolicyError("policy set has no version")
-    issuers: dict[str, dict[str, TrustedIssuer]] = {}
+    with _recent_lock:
+        recent = tuple(_recent)
+        policy_set, compiled = _compile(message, recent)
+        _recent.appendleft(compiled)
+    return policy_set
+
+
+def _compile(
+    message: authz_pb2.AuthzPolicySet, recent: tuple[_Compiled, ...]
+) -> tuple[PolicySet, _Compiled]:
+    done = _Compiled({}, {}, {})
+    listed: dict[str, list[authz_pb2.AuthzIssuer]] = {}
     for issuer in message.issuers:
-        where = f"issuer {issuer.issuer!r} of tenant {issuer.tenant_id!r}"
+        where = _where(issuer)
         if not issuer.tenant_id or not issuer.issuer:
             raise PolicyError(f"{where}: tenant_id and issuer are required")
         if not issuer.jwks_json and not issuer.jwks_uri:
             raise PolicyError(f"{where}: neither JWKS nor jwks_uri")
-        keys = parse_jwks(issuer.jwks_json, where) if issuer.jwks_json else {}
-        tenant = issuers.setdefault(issuer.tenant_id, {})
-        if issuer.issuer in tenant:
-            raise PolicyError(f"{where}: listed twice")
-        tenant[issuer.issuer] = TrustedIssuer(issuer.issuer, issuer.jwks_uri, keys)
+        listed.setdefault(issuer.tenant_id, []).append(issuer)
+    issuers: dict[str, dict[str, TrustedIssuer]] = {}
+    for tenant_id, delivered in listed.items():
+        parsed = [_parsed_keys(i.jwks_json, _where(i), recent, done) for i in delivered]
+        # Keyed by tenant too: two tenants trusting the same issuer never share its refresh state.
+        content = (tenant_id, tuple((i.issuer, i.jwks_json, i.jwks_uri) for i in delivered))
+        tenant = next((c.tenants[content] for c in recent if content in c.tenants), None)
+        # An issuer refreshed since (unknown kid) holds fetched keys and a refresh clock: a new set
+        # starts from the delivered keys, as a fresh compilation would.
+        if tenant is None or any(t.last_refresh for t in tenant.values()):
+            tenant = {}
+            for issuer, keys in zip(delivered, parsed, strict=True):
+                if issuer.issuer in tenant:
+                    raise PolicyError(f"{_where(issuer)}: listed twice")
+                tenant[issuer.issuer] = TrustedIssuer(issuer.issuer, issuer.jwks_uri, keys)
+        done.tenants[content] = tenant
+        issuers[tenant_id] = tenant
     routes: dict[str, Route] = {}
     for route in message.routes:
-        where = f"route {route.route_id!r}"
-        if not route.route_id or not route.tenant_id:
-            raise PolicyError(f"{where}: route_id and tenant_id are required")
-        if route.route_id in routes:
-            raise PolicyError(f"{where}: listed twice")
-        if route.auth_mode not in ("", "jwt", "none"):
-            raise PolicyError(f"{where}: unsupported auth mode {route.auth_mode!r}")
-        if any(not scope.strip() for scope in route.scopes):
-            raise PolicyError(f"{where}: blank scope")
-        routes[route.route_id] = Route(
-            route_id=route.route_id,
-            tenant_id=route.tenant_id,
-            api_id=route.api_id,
-            auth_none=route.auth_mode == "none",
-            scopes=frozenset(route.scopes),
-            issuers=issuers.get(route.tenant_id, {}),
-            grant=respond.grant(route.tenant_id, route.api_id),
-        )
-    return PolicySet(message.version, message.generation, routes)
+        content_key = route.SerializeToString(deterministic=True)
+        tenant = issuers.get(route.tenant_id, _NO_ISSUERS)
+        compiled = next((c.routes[content_key] for c in recent if content_key in c.routes), None)
+        if compiled is None:
+            compiled = _compile_route(route, routes, tenant)
+        else:
+            if compiled.route_id in routes:
+                raise PolicyError(f"route {compiled.route_id!r}: listed twice")
+            if compiled.issuers is not tenant:
+                compiled = replace(compiled, issuers=tenant)
+        routes[compiled.route_id] = compiled
+        done.routes[content_key] = compiled
+    return PolicySet(message.version, message.generation, routes), done
+
+
+def _where(issuer: authz_pb2.AuthzIssuer) -> str:
+    return f"issuer {issuer.issuer!r} of tenant {issuer.tenant_id!r}"
+
+
+def _parsed_keys(
+    jwks_json: str, where: str, recent: tuple[_Compiled, ...], done: _Compiled
+) -> dict[str, VerificationKey]:
+    """The keys of a JWKS document, parsed once while recent compilations hold them (never mutated:
+    a refresh replaces an issuer's map)."""
+    if not jwks_json:
+        return {}
+    keys = next((c.keys[jwks_json] for c in (done, *recent) if jwks_json in c.keys), None)
+    if keys is None:
+        keys = parse_jwks(jwks_json, where)
+    done.keys[jwks_json] = keys
+    return keys
+
+
+def _compile_route(
+    route: authz_pb2.AuthzRoute, routes: dict[str, Route], issuers: dict[str, TrustedIssuer]
+) -> Route:
+    where = f"route {route.route_id!r}"
+    if not route.route_id or not route.tenant_id:
+        raise PolicyError(f"{where}: route_id and tenant_id are required")
+    if route.route_id in routes:
+        raise PolicyError(f"{where}: listed twice")
+    if route.auth_mode not in ("", "jwt", "none"):
+        raise PolicyError(f"{where}: unsupported auth mode {route.auth_mode!r}")
+    if any(not scope.strip() for scope in route.scopes):
+        raise PolicyError(f"{where}: blank scope")
+    return Route(
+        route_id=route.route_id,
+        tenant_id=route.tenant_id,
+        api_id=route.api_id,
+        auth_none=route.auth_mode == "none",
+        scopes=frozenset(route.scopes),
+        issuers=issuers,
+        grant=respond.grant(route.tenant_id, route.api_id),
+    )
 
 
 class PolicyStore:

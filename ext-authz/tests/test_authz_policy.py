@@ -82,3 +82,58 @@ def test_store_keeps_last_versions(idp, policy):
     store.add(compile_policy_set(policy(idp, "v2")))
     assert store.get("v2") is warm  # same content re-delivered keeps its token cache
     assert store.versions() == ["v3", "v2"]
+
+
+def test_a_new_version_reuses_unchanged_routes_and_parsed_keys(idp, policy):
+    first = compile_policy_set(policy(idp, "r1"))
+    message = policy(idp, "r2")
+    message.routes[1].api_id = "open-2"
+    message.routes.add(route_id="new", tenant_id="acme", api_id="new", auth_mode="jwt")
+    second = compile_policy_set(message)
+    assert second.routes is not first.routes  # each set has its own map; the old one is untouched
+    assert set(first.routes) == {"orders", "open"}
+    assert second.routes["orders"] is first.routes["orders"]
+    assert (second.routes["open"].api_id, first.routes["open"].api_id) == ("open-2", "open")
+    assert second.routes["new"].issuers is second.routes["orders"].issuers
+    assert second.routes["new"].issuers[idp.issuer].keys is first.routes["orders"].issuers[idp.issuer].keys
+
+
+def test_reuse_keeps_every_refusal(idp, policy):
+    compile_policy_set(policy(idp, "k1"))
+    twice = policy(idp, "k2")
+    twice.routes.add().CopyFrom(twice.routes[0])  # an already compiled route, listed twice
+    with pytest.raises(PolicyError, match="listed twice"):
+        compile_policy_set(twice)
+    broken = policy(idp, "k3")
+    broken.issuers[0].jwks_json = '{"keys": 3}'  # the routes are known, the tenant's keys are not
+    with pytest.raises(PolicyError, match="no 'keys' list"):
+        compile_policy_set(broken)
+    again = policy(idp, "k4")
+    again.issuers.add().CopyFrom(again.issuers[0])
+    with pytest.raises(PolicyError, match="listed twice"):
+        compile_policy_set(again)
+
+
+def test_a_refreshed_issuer_is_not_carried_into_a_new_set(idp, policy):
+    first = compile_policy_set(policy(idp, "f1"))
+    refreshed = first.routes["orders"].issuers[idp.issuer]
+    refreshed.last_refresh = 1.0  # as after an unknown kid: fetched keys join the delivered ones
+    refreshed.keys = {**refreshed.keys, "fetched": refreshed.keys[idp.kid]}
+    second = compile_policy_set(policy(idp, "f2"))
+    issuer = second.routes["orders"].issuers[idp.issuer]
+    assert issuer is not refreshed
+    assert (set(issuer.keys), issuer.last_refresh) == ({idp.kid}, 0.0)
+    assert second.routes["open"].issuers is second.routes["orders"].issuers
+
+
+def test_tenants_trusting_the_same_issuer_keep_their_own(idp, policy):
+    message = policy(idp, "s1")
+    message.routes.add(route_id="other", tenant_id="globex", api_id="other", auth_mode="jwt")
+    message.issuers.add().CopyFrom(message.issuers[0])
+    message.issuers[1].tenant_id = "globex"
+    for version in ("s1", "s2"):
+        message.version = version
+        compiled = compile_policy_set(message)
+        acme, globex = compiled.routes["orders"].issuers, compiled.routes["other"].issuers
+        assert acme is not globex
+        assert acme[idp.issuer] is not globex[idp.issuer]

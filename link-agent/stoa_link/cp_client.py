@@ -10,13 +10,16 @@ import asyncio
 import json
 import logging
 import random
+import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from httpx_sse import aconnect_sse
 from stoa_proto import inventory_pb2
 
@@ -63,6 +66,60 @@ _LARGE_FIELDS = ("routes", "tombstones")
 _fragments: dict[str, bytes] = {}
 
 
+def _field_kinds(message: type[Message]) -> dict[str, str]:
+    kinds = {}
+    for f in message.DESCRIPTOR.fields:
+        if f.type == FieldDescriptor.TYPE_STRING:
+            kinds[f.name] = "strings" if f.is_repeated else "string"
+        elif not f.is_repeated and f.type == FieldDescriptor.TYPE_UINT32:
+            kinds[f.name] = "uint32"
+        elif not f.is_repeated and f.type == FieldDescriptor.TYPE_INT64:
+            kinds[f.name] = "int64"
+    return kinds
+
+
+# Element message of each large list, and the kind of each of its fields the plain path handles.
+_ELEMENTS: dict[str, tuple[type[Message], dict[str, str]]] = {
+    "routes": (inventory_pb2.Route, _field_kinds(inventory_pb2.Route)),
+    "tombstones": (inventory_pb2.Tombstone, _field_kinds(inventory_pb2.Tombstone)),
+}
+_INT64 = re.compile(r"-?[0-9]{1,19}")
+_NOT_PLAIN = object()
+
+
+def _int64(value: Any) -> Any:
+    if type(value) is str and _INT64.fullmatch(value) and -(2**63) <= int(value) < 2**63:
+        return int(value)
+    return _NOT_PLAIN
+
+
+# Each kind: the value as the message field takes it, or _NOT_PLAIN.
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "string": lambda v: v if type(v) is str else _NOT_PLAIN,
+    "strings": lambda v: v if type(v) is list and all(type(x) is str for x in v) else _NOT_PLAIN,
+    "uint32": lambda v: v if type(v) is int and 0 <= v < 2**32 else _NOT_PLAIN,
+    "int64": _int64,
+}
+
+
+def _plain(name: str, item: Any) -> Message | None:
+    """`item` as its message when it is written the way the CP writes it: snake_case keys and values
+    of exactly the JSON types proto3 JSON uses for them (int64 as a decimal string). What
+    `json_format.ParseDict` gives for those, at C speed (≈20 µs → 3 µs a route); None for anything
+    else (camelCase keys, numbers as strings, nulls…), which then goes through ParseDict."""
+    message, kinds = _ELEMENTS[name]
+    if type(item) is not dict:
+        return None
+    values: dict[str, Any] = {}
+    for key, value in item.items():
+        kind = kinds.get(key)
+        converted = _NOT_PLAIN if kind is None else _CONVERT[kind](value)
+        if converted is _NOT_PLAIN:
+            return None
+        values[key] = converted
+    return message(**values)
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
     if len(obj) != len(pairs):
@@ -91,11 +148,14 @@ def _parse_reusing(text: str) -> inventory_pb2.Inventory:
             raise ValueError(f"{name} is not a list")
         keys = [repr(item) for item in items]
         new = {key: item for key, item in zip(keys, items, strict=True) if key not in _fragments}
-        if new:
-            # One ParseDict call for every new element, then one fragment per parsed element.
-            batch = json_format.ParseDict({name: list(new.values())}, inventory_pb2.Inventory())
-            for key, message in zip(new, getattr(batch, name), strict=True):
-                fragments[key] = inventory_pb2.Inventory(**{name: [message]}).SerializeToString()
+        parsed = {key: _plain(name, item) for key, item in new.items()}
+        unusual = {key: new[key] for key, message in parsed.items() if message is None}
+        if unusual:
+            # One ParseDict call for every element the plain path left, then one fragment each.
+            batch = json_format.ParseDict({name: list(unusual.values())}, inventory_pb2.Inventory())
+            parsed.update(zip(unusual, getattr(batch, name), strict=True))
+        for key, message in parsed.items():
+            fragments[key] = inventory_pb2.Inventory(**{name: [message]}).SerializeToString()
         for key in keys:
             fragment = fragments.get(key) or _fragments[key]
             fragments[key] = fragment

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
+import pytest
 from google.protobuf import json_format
-from stoa_link.cp_client import Backoff, CpClient, InvalidInventory
+from stoa_link.cp_client import Backoff, CpClient, InvalidInventory, parse_inventory
 from stoa_proto import inventory_pb2
 
 
@@ -101,3 +104,55 @@ def test_backoff_is_bounded_full_jitter() -> None:
     assert max(delays[10:]) > 1.0, "the ceiling grows to the cap"
     backoff.reset()
     assert backoff.next_delay() <= 0.2
+
+
+def _route(route_id: str, **fields: object) -> dict[str, object]:
+    return {
+        "route_id": route_id,
+        "tenant_id": "t",
+        "api_id": route_id,
+        "path_prefix": f"/apis/{route_id}",
+        "methods": ["GET"],
+        "upstream_url": "http://127.0.0.1:9000",
+        "timeout_ms": 0,
+        "auth_mode": "jwt",
+        "scopes": [],
+        **fields,
+    }
+
+
+@pytest.mark.parametrize(
+    "routes",
+    [
+        [_route("a"), _route("b", timeout_ms=4294967295, scopes=["x"], methods=[])],
+        [_route("a", timeout_ms="15"), _route("b")],  # a number written as a string
+        [{"routeId": "a", "tenantId": "t", "timeoutMs": 1.0}],  # camelCase names, a float
+        [_route("a", scopes=None), {"route_id": "b"}],  # null, and fields left out
+    ],
+    ids=["plain", "string-number", "camel-case", "null-and-sparse"],
+)
+def test_parse_equals_json_format_however_the_document_is_written(routes: list) -> None:
+    tombstones = [{"route_id": "x", "generation": "9007199254740993"}, {"route_id": "y", "generation": 3}]
+    for generation in (1, 2):  # the second parse reuses what the first one parsed
+        doc = {"gateway_id": "gw", "generation": str(generation), "routes": routes, "tombstones": tombstones}
+        text = json.dumps(doc)
+        assert parse_inventory(text) == json_format.Parse(text, inventory_pb2.Inventory())
+
+
+@pytest.mark.parametrize(
+    "route",
+    [
+        _route("a", timeout_ms=-1),
+        _route("a", timeout_ms=2**32),
+        _route("a", methods="GET"),
+        _route("a", colour="red"),
+        {**_route("a"), "route_id": 7},
+    ],
+    ids=["negative", "too-large", "not-a-list", "unknown-field", "number-for-string"],
+)
+def test_a_route_json_format_refuses_is_refused(route: dict) -> None:
+    text = json.dumps({"gateway_id": "gw", "generation": "5", "routes": [_route("ok"), route]})
+    delivery = parse_inventory(text, generation_hint=5)
+    assert isinstance(delivery, InvalidInventory)
+    assert delivery.generation == 5
+    assert "not valid proto3 JSON" in delivery.detail

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from envoy.config.route.v3 import route_components_pb2
 from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import json_format
@@ -136,19 +137,38 @@ def test_content_change_changes_versions() -> None:
     assert first.of(AUTHZ_POLICY_SET)[0].version != scoped.of(AUTHZ_POLICY_SET)[0].version
 
 
-def test_every_route_carries_its_context_extensions_and_the_policy_set_version() -> None:
+def _context_extensions(
+    holder: route_components_pb2.VirtualHost | route_components_pb2.Route,
+) -> dict[str, str]:
+    per_route = ext_authz_pb2.ExtAuthzPerRoute()
+    holder.typed_per_filter_config["envoy.filters.http.ext_authz"].Unpack(per_route)
+    return dict(per_route.check_settings.context_extensions)
+
+
+def test_every_route_carries_its_context_extensions_and_the_host_the_policy_set_version() -> None:
     snapshot = translate(inventory([route("a", tenant_id="t1", api_id="api-a"), route("b")]), OPTIONS)
     (policy_set,) = snapshot.of(AUTHZ_POLICY_SET)
+    (config,) = snapshot.of(ROUTE)
+    # Envoy merges the virtual host's extensions into each route's (checked through Envoy in
+    # test_link_translate_envoy), so the version is stated once for all routes.
+    assert _context_extensions(config.virtual_hosts[0]) == {"policy_set_version": policy_set.version}
     for entry in entries(snapshot):
-        per_route = ext_authz_pb2.ExtAuthzPerRoute()
-        entry.typed_per_filter_config["envoy.filters.http.ext_authz"].Unpack(per_route)
-        ext = dict(per_route.check_settings.context_extensions)
-        assert ext["policy_set_version"] == policy_set.version
+        ext = _context_extensions(entry)
+        assert set(ext) == {"tenant_id", "api_id", "route_id"}
         assert ext["route_id"] == entry.name.split(":")[0]
     assert {(r.route_id, r.tenant_id, r.api_id, r.auth_mode) for r in policy_set.routes} == {
         ("a", "t1", "api-a", "jwt"),
         ("b", "acme", "b", "jwt"),
     }
+
+
+def test_a_new_route_leaves_the_other_route_entries_byte_identical() -> None:
+    before = translate(inventory([route("a"), route("b")]), OPTIONS)
+    after = translate(inventory([route("a"), route("b"), route("c")], 2), OPTIONS)
+    assert before.of(AUTHZ_POLICY_SET)[0].version != after.of(AUTHZ_POLICY_SET)[0].version
+    kept = {e.name: e.SerializeToString(deterministic=True) for e in entries(before)}
+    now = {e.name: e.SerializeToString(deterministic=True) for e in entries(after)}
+    assert kept == {name: body for name, body in now.items() if name in kept}
 
 
 def test_policy_set_carries_issuers_of_present_tenants_only() -> None:

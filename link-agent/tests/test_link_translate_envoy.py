@@ -16,6 +16,7 @@ from stoa_harness.ports import free_port
 from stoa_harness.upstream import EchoUpstream
 from stoa_harness.wait import wait_until
 from stoa_harness.witness import CheckWitness
+from stoa_link.snapshot import AUTHZ_POLICY_SET
 from stoa_link.translate import TranslateOptions, translate
 from stoa_link.translate.static import static_bootstrap
 from stoa_proto import inventory_pb2
@@ -23,10 +24,13 @@ from stoa_proto.bodies import DENY_BODIES
 
 
 class Site:
-    def __init__(self, url: str, upstream: EchoUpstream, witness: CheckWitness) -> None:
+    def __init__(
+        self, url: str, upstream: EchoUpstream, witness: CheckWitness, policy_set_version: str
+    ) -> None:
         self.url = url
         self.upstream = upstream
         self.witness = witness
+        self.policy_set_version = policy_set_version
 
     def get(self, path: str, **kwargs: object) -> httpx.Response:
         self.upstream.clear()
@@ -70,7 +74,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         with EnvoyProcess(bootstrap, admin_port, tmp / "envoy.log"):
             url = f"http://127.0.0.1:{port}"
             wait_until(lambda: _answers(url), 15, "the Envoy listener")
-            yield Site(url, upstream, witness)
+            (policy_set,) = snapshot.of(AUTHZ_POLICY_SET)
+            yield Site(url, upstream, witness, policy_set.version)
 
 
 def _answers(url: str) -> bool:
@@ -99,6 +104,21 @@ def test_prefix_match_and_rewrite(site: Site, path: str, upstream_path: str) -> 
     assert arrival.path == upstream_path
     (check,) = site.witness.checks()
     assert check.context_extensions["route_id"] == ("a" if upstream_path.startswith("/base") else "ab")
+
+
+@pytest.mark.parametrize(("path", "route_id"), [("/apis/a/x", "a"), ("/apis/ab/x", "ab")])
+def test_check_carries_the_routes_keys_merged_with_the_hosts_policy_set_version(
+    site: Site, path: str, route_id: str
+) -> None:
+    # The version sits on the virtual host, the route's own keys on the route: Envoy merges both.
+    assert site.get(path).status_code == 200
+    (check,) = site.witness.checks()
+    assert dict(check.context_extensions) == {
+        "tenant_id": "t",
+        "api_id": route_id,
+        "route_id": route_id,
+        "policy_set_version": site.policy_set_version,
+    }
 
 
 @pytest.mark.parametrize("path", ["/apis/abc", "/apis", "/apis/a-b", "/other"])

@@ -38,9 +38,9 @@ def packed(message: object) -> any_pb2.Any:
     return wrapped
 
 
-def per_route_configs(route: RouteIR, policy_set_version: str) -> dict[str, any_pb2.Any]:
+def per_route_configs(route: RouteIR) -> dict[str, any_pb2.Any]:
     """typed_per_filter_config of every route entry rendered for `route`."""
-    configs = {EXT_AUTHZ_FILTER: packed(_ext_authz(route, policy_set_version))}
+    configs = {EXT_AUTHZ_FILTER: packed(_ext_authz(route))}
     if route.cors is not None:
         configs[CORS_FILTER] = packed(_cors(route.cors))
     if route.ip_filter is not None:
@@ -50,14 +50,31 @@ def per_route_configs(route: RouteIR, policy_set_version: str) -> dict[str, any_
     return configs
 
 
-def _ext_authz(route: RouteIR, policy_set_version: str) -> ext_authz_pb2.ExtAuthzPerRoute:
+def virtual_host_configs(policy_set_version: str) -> dict[str, any_pb2.Any]:
+    """typed_per_filter_config of the virtual host: what every route shares.
+
+    Envoy merges ext_authz context extensions from the virtual host into each route's (the more
+    specific keys win), so a Check carries `policy_set_version` with the route's own keys while the
+    route entries stay independent of the policy set: a new route re-renders only itself.
+    """
+    return {
+        EXT_AUTHZ_FILTER: packed(
+            ext_authz_pb2.ExtAuthzPerRoute(
+                check_settings=ext_authz_pb2.CheckSettings(
+                    context_extensions={"policy_set_version": policy_set_version}
+                )
+            )
+        )
+    }
+
+
+def _ext_authz(route: RouteIR) -> ext_authz_pb2.ExtAuthzPerRoute:
     return ext_authz_pb2.ExtAuthzPerRoute(
         check_settings=ext_authz_pb2.CheckSettings(
             context_extensions={
                 "tenant_id": route.tenant_id,
                 "api_id": route.api_id,
                 "route_id": route.route_id,
-                "policy_set_version": policy_set_version,
             }
         )
     )

@@ -2,7 +2,7 @@
 
 Its `version` hashes the routes and issuers only, never the generation or the gateway id: a
 generation that changes nothing the service decides on keeps the same version, so the Envoy routes
-(which carry it as the context extension `policy_set_version`) stay byte-identical too.
+(whose virtual host carries it as the context extension `policy_set_version`) stay byte-identical too.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from google.protobuf import duration_pb2
 
-from stoa_link.translate.filters import per_route_configs
+from stoa_link.translate.filters import per_route_configs, virtual_host_configs
 from stoa_link.translate.ir import RouteIR, SiteIR
 from stoa_link.translate.options import TranslateOptions
 
@@ -27,25 +27,24 @@ VIRTUAL_HOST_NAME = "stoa"
 CLIENT_HEADERS_REMOVED = ("x-envoy-original-path",)
 
 
-# (route, options, policy-set version) → that route's entries, serialised as a VirtualHost holding
-# only them, from the latest render. Serialised messages concatenate into one message with the
-# repeated field appended in order, so the virtual host is parsed once from the joined bytes instead
-# of being rebuilt entry by entry: with 10,000 routes and one changed, one route is rendered again.
-_rendered: dict[tuple[RouteIR, TranslateOptions, str], bytes] = {}
+# (route, options) → that route's entries, serialised as a VirtualHost holding only them, from the
+# latest render. Serialised messages concatenate into one message with the repeated field appended in
+# order, so the virtual host is parsed once from the joined bytes instead of being rebuilt entry by
+# entry: with 10,000 routes and one changed (or added), one route is rendered again. The entries do
+# not depend on the policy-set version (it sits on the virtual host), so a new set costs nothing here.
+_rendered: dict[tuple[RouteIR, TranslateOptions], bytes] = {}
 
 
 def render_routes(
     site: SiteIR, options: TranslateOptions, policy_set_version: str
 ) -> route_pb2.RouteConfiguration:
     parts: list[bytes] = []
-    rendered: dict[tuple[RouteIR, TranslateOptions, str], bytes] = {}
+    rendered: dict[tuple[RouteIR, TranslateOptions], bytes] = {}
     for route in sorted(site.routes, key=lambda r: (-len(r.path_prefix), r.route_id)):
-        key = (route, options, policy_set_version)
+        key = (route, options)
         body = _rendered.get(key)
         if body is None:
-            body = route_components_pb2.VirtualHost(
-                routes=_entries(route, options, policy_set_version)
-            ).SerializeToString()
+            body = route_components_pb2.VirtualHost(routes=_entries(route, options)).SerializeToString()
         rendered[key] = body
         parts.append(body)
     _rendered.clear()
@@ -53,8 +52,11 @@ def render_routes(
     config = route_pb2.RouteConfiguration(
         name=ROUTE_CONFIG_NAME, request_headers_to_remove=list(CLIENT_HEADERS_REMOVED)
     )
+    host = config.virtual_hosts.add(name=VIRTUAL_HOST_NAME, domains=["*"])
+    for name, per_filter in virtual_host_configs(policy_set_version).items():
+        host.typed_per_filter_config[name].CopyFrom(per_filter)
     # Parsed in place: appending a built virtual host would copy all of its entries once more.
-    config.virtual_hosts.add(name=VIRTUAL_HOST_NAME, domains=["*"]).MergeFromString(b"".join(parts))
+    host.MergeFromString(b"".join(parts))
     return config
 
 
@@ -65,16 +67,14 @@ def _methods(route: RouteIR) -> tuple[str, ...]:
     return route.methods
 
 
-def _entries(
-    route: RouteIR, options: TranslateOptions, policy_set_version: str
-) -> list[route_components_pb2.Route]:
+def _entries(route: RouteIR, options: TranslateOptions) -> list[route_components_pb2.Route]:
     action = route_components_pb2.RouteAction(
         cluster=route.backend.cluster_name,
         timeout=_millis(route.timeout_ms or options.default_route_timeout_ms),
         host_rewrite_literal=route.backend.authority,
     )
     _rewrite(route, action)
-    configs = per_route_configs(route, policy_set_version)
+    configs = per_route_configs(route)
     entries = []
     for method in _methods(route) or (None,):
         match = route_components_pb2.RouteMatch()
