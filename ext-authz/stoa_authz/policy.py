@@ -77,6 +77,13 @@ def parse_jwk(member: Any, where: str) -> tuple[str, VerificationKey]:
     return kid, VerificationKey(key, algs)  # type: ignore[arg-type]
 
 
+def _for_verifying(member: dict[str, Any]) -> bool:
+    key_ops = member.get("key_ops")
+    if key_ops is not None and (not isinstance(key_ops, list) or "verify" not in key_ops):
+        return False
+    return member.get("use", "sig") == "sig"
+
+
 def parse_jwks(text: str, where: str) -> dict[str, VerificationKey]:
     try:
         document = json.loads(text)
@@ -86,7 +93,7 @@ def parse_jwks(text: str, where: str) -> dict[str, VerificationKey]:
         raise PolicyError(f"{where}: JWKS has no 'keys' list")
     keys: dict[str, VerificationKey] = {}
     for index, member in enumerate(document["keys"]):
-        if isinstance(member, dict) and member.get("use", "sig") != "sig":
+        if isinstance(member, dict) and not _for_verifying(member):
             continue  # encryption keys are not for verifying tokens
         kid, key = parse_jwk(member, f"{where} key {index}")
         if kid in keys:
@@ -166,9 +173,7 @@ def compile_policy_set(message: authz_pb2.AuthzPolicySet) -> PolicySet:
     return policy_set
 
 
-def _compile(
-    message: authz_pb2.AuthzPolicySet, recent: tuple[_Compiled, ...]
-) -> tuple[PolicySet, _Compiled]:
+def _compile(message: authz_pb2.AuthzPolicySet, recent: tuple[_Compiled, ...]) -> tuple[PolicySet, _Compiled]:
     done = _Compiled({}, {}, {})
     listed: dict[str, list[authz_pb2.AuthzIssuer]] = {}
     for issuer in message.issuers:
@@ -181,6 +186,10 @@ def _compile(
     issuers: dict[str, dict[str, TrustedIssuer]] = {}
     for tenant_id, delivered in listed.items():
         parsed = [_parsed_keys(i.jwks_json, _where(i), recent, done) for i in delivered]
+        for issuer, keys in zip(delivered, parsed, strict=True):
+            # Every token of this issuer would fail: refuse the set rather than deny silently.
+            if not keys and not issuer.jwks_uri:
+                raise PolicyError(f"{_where(issuer)}: no key usable for verifying signatures")
         # Keyed by tenant too: two tenants trusting the same issuer never share its refresh state.
         content = (tenant_id, tuple((i.issuer, i.jwks_json, i.jwks_uri) for i in delivered))
         tenant = next((c.tenants[content] for c in recent if content in c.tenants), None)

@@ -38,6 +38,17 @@ def test_prepares_routes_keys_and_scopes(idp, policy):
         (json.dumps({"keys": [{"kty": "RSA", "kid": "a", "n": "!!", "e": "AQAB"}]}), "does not parse"),
         (json.dumps({"keys": [RSAKey.generate_key(1024).as_dict(private=False)]}), "shorter"),
         (json.dumps({"keys": [ECKey.generate_key("secp256k1").as_dict(private=False)]}), "curve"),
+        ('{"keys": []}', "no key usable"),
+        (
+            json.dumps({"keys": [{**RSAKey.generate_key(2048).as_dict(private=False), "use": "enc"}]}),
+            "no key usable",
+        ),
+        (
+            json.dumps(
+                {"keys": [{**RSAKey.generate_key(2048).as_dict(private=False), "key_ops": ["encrypt"]}]}
+            ),
+            "no key usable",
+        ),
     ],
     ids=[
         "not-json",
@@ -50,6 +61,9 @@ def test_prepares_routes_keys_and_scopes(idp, policy):
         "bad-modulus",
         "short-rsa",
         "curve",
+        "empty",
+        "encryption-only",
+        "key-ops-encrypt",
     ],
 )
 def test_unusable_jwks_is_refused(idp, policy, jwks_json, message):
