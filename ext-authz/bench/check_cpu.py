@@ -34,7 +34,7 @@ from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, Discovery
 from google.protobuf import any_pb2
 from stoa_authz.ads import TYPE_URL
 from stoa_harness.idp import DevIdentityProvider
-from stoa_proto import authz_pb2
+from stoa_proto import authz_pb2, inventory_pb2
 
 AUDIENCE = "stoa-bench"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -93,7 +93,7 @@ def policy_set(idp: DevIdentityProvider) -> DiscoveryResponse:
             )
         ],
         issuers=[
-            authz_pb2.AuthzIssuer(tenant_id="acme", issuer=idp.issuer, jwks_json=json.dumps(idp.jwks()))
+            inventory_pb2.TrustedIssuer(tenant_id="acme", issuer=idp.issuer, jwks_json=json.dumps(idp.jwks()))
         ],
     )
     resource = any_pb2.Any()

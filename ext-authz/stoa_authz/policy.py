@@ -16,7 +16,7 @@ from typing import Any
 
 from joserfc.errors import JoseError
 from joserfc.jwk import ECKey, OKPKey, RSAKey, import_key
-from stoa_proto import authz_pb2
+from stoa_proto import authz_pb2, inventory_pb2
 
 from stoa_authz import respond
 
@@ -175,7 +175,7 @@ def compile_policy_set(message: authz_pb2.AuthzPolicySet) -> PolicySet:
 
 def _compile(message: authz_pb2.AuthzPolicySet, recent: tuple[_Compiled, ...]) -> tuple[PolicySet, _Compiled]:
     done = _Compiled({}, {}, {})
-    listed: dict[str, list[authz_pb2.AuthzIssuer]] = {}
+    listed: dict[str, list[inventory_pb2.TrustedIssuer]] = {}
     for issuer in message.issuers:
         where = _where(issuer)
         if not issuer.tenant_id or not issuer.issuer:
@@ -220,7 +220,7 @@ def _compile(message: authz_pb2.AuthzPolicySet, recent: tuple[_Compiled, ...]) -
     return PolicySet(message.version, message.generation, routes), done
 
 
-def _where(issuer: authz_pb2.AuthzIssuer) -> str:
+def _where(issuer: inventory_pb2.TrustedIssuer) -> str:
     return f"issuer {issuer.issuer!r} of tenant {issuer.tenant_id!r}"
 
 

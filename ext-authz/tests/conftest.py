@@ -7,7 +7,7 @@ import json
 import pytest
 from envoy.service.auth.v3 import external_auth_pb2
 from stoa_harness.idp import DevIdentityProvider
-from stoa_proto import authz_pb2
+from stoa_proto import authz_pb2, inventory_pb2
 
 AUDIENCE = "stoa-test"
 
@@ -47,7 +47,7 @@ def policy_message(idp: DevIdentityProvider, version: str = "v1") -> authz_pb2.A
             authz_pb2.AuthzRoute(route_id="open", tenant_id="acme", api_id="open", auth_mode="none"),
         ],
         issuers=[
-            authz_pb2.AuthzIssuer(tenant_id="acme", issuer=idp.issuer, jwks_json=json.dumps(idp.jwks()))
+            inventory_pb2.TrustedIssuer(tenant_id="acme", issuer=idp.issuer, jwks_json=json.dumps(idp.jwks()))
         ],
     )
 

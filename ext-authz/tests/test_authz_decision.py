@@ -18,7 +18,7 @@ from stoa_authz.log import DecisionLog
 from stoa_authz.policy import PolicyStore, compile_policy_set
 from stoa_authz.reasons import Reason
 from stoa_harness.idp import DevIdentityProvider
-from stoa_proto import authz_pb2
+from stoa_proto import authz_pb2, inventory_pb2
 from stoa_proto.bodies import DENY_BODIES
 
 AUD = "stoa-test"  # the conftest's audience
@@ -433,7 +433,7 @@ async def test_keys_of_another_tenant_and_cached_allows_stay_on_their_route(idp,
             authz_pb2.AuthzRoute(route_id="admin", tenant_id="acme", api_id="admin", scopes=["orders:admin"])
         )
         message.issuers.append(
-            authz_pb2.AuthzIssuer(tenant_id="globex", issuer=globex, jwks_json=json.dumps(other.jwks()))
+            inventory_pb2.TrustedIssuer(tenant_id="globex", issuer=globex, jwks_json=json.dumps(other.jwks()))
         )
         return message
 

@@ -1,3 +1,4 @@
+from stoa_proto import inventory_pb2 as _inventory_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -20,18 +21,6 @@ class AuthzRoute(_message.Message):
     scopes: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ...) -> None: ...
 
-class AuthzIssuer(_message.Message):
-    __slots__ = ("tenant_id", "issuer", "jwks_json", "jwks_uri")
-    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
-    ISSUER_FIELD_NUMBER: _ClassVar[int]
-    JWKS_JSON_FIELD_NUMBER: _ClassVar[int]
-    JWKS_URI_FIELD_NUMBER: _ClassVar[int]
-    tenant_id: str
-    issuer: str
-    jwks_json: str
-    jwks_uri: str
-    def __init__(self, tenant_id: _Optional[str] = ..., issuer: _Optional[str] = ..., jwks_json: _Optional[str] = ..., jwks_uri: _Optional[str] = ...) -> None: ...
-
 class AuthzPolicySet(_message.Message):
     __slots__ = ("name", "version", "gateway_id", "generation", "routes", "issuers")
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -45,5 +34,5 @@ class AuthzPolicySet(_message.Message):
     gateway_id: str
     generation: int
     routes: _containers.RepeatedCompositeFieldContainer[AuthzRoute]
-    issuers: _containers.RepeatedCompositeFieldContainer[AuthzIssuer]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[AuthzRoute, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[AuthzIssuer, _Mapping]]] = ...) -> None: ...
+    issuers: _containers.RepeatedCompositeFieldContainer[_inventory_pb2.TrustedIssuer]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[AuthzRoute, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[_inventory_pb2.TrustedIssuer, _Mapping]]] = ...) -> None: ...

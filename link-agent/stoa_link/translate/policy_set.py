@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from stoa_proto import authz_pb2
+from stoa_proto import authz_pb2, inventory_pb2
 
 from stoa_link.translate.ir import SiteIR
 
@@ -29,7 +29,7 @@ def render_policy_set(site: SiteIR) -> authz_pb2.AuthzPolicySet:
             for r in site.routes
         ],
         issuers=[
-            authz_pb2.AuthzIssuer(
+            inventory_pb2.TrustedIssuer(
                 tenant_id=i.tenant_id, issuer=i.issuer, jwks_json=i.jwks_json, jwks_uri=i.jwks_uri
             )
             for i in site.issuers
