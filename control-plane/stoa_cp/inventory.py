@@ -47,27 +47,35 @@ def _json_object(fields: tuple[tuple[str, str, str], ...]) -> str:
 # building 10,000 route objects through protobuf and dicts in Python cost ~100 ms per generation.
 # (S608: the SQL is composed at import from the literal field tables here, never from input.)
 _ROUTES = f"""
-SELECT coalesce(string_agg({_json_object((
-           ("route_id", "a.api_id", "string"),
-           ("tenant_id", "a.tenant_id", "string"),
-           ("api_id", "a.api_id", "string"),
-           ("path_prefix", "a.path_prefix", "string"),
-           ("methods", "a.methods", "strings"),
-           ("upstream_url", "a.upstream_url", "string"),
-           ("timeout_ms", "a.timeout_ms", "uint32"),
-           ("auth_mode", "a.auth_mode", "string"),
-           ("scopes", "a.scopes", "strings"),
-       ))}, ',' ORDER BY a.api_id), '') AS json,
+SELECT coalesce(string_agg({
+    _json_object(
+        (
+            ("route_id", "a.api_id", "string"),
+            ("tenant_id", "a.tenant_id", "string"),
+            ("api_id", "a.api_id", "string"),
+            ("path_prefix", "a.path_prefix", "string"),
+            ("methods", "a.methods", "strings"),
+            ("upstream_url", "a.upstream_url", "string"),
+            ("timeout_ms", "a.timeout_ms", "uint32"),
+            ("auth_mode", "a.auth_mode", "string"),
+            ("scopes", "a.scopes", "strings"),
+        )
+    )
+}, ',' ORDER BY a.api_id), '') AS json,
        coalesce(array_agg(a.api_id ORDER BY a.api_id), '{{}}') AS route_ids,
        coalesce(array_agg(a.tenant_id ORDER BY a.api_id), '{{}}') AS tenant_ids
   FROM deployments d JOIN apis a ON a.api_id = d.api_id
  WHERE d.gateway_id = $1
 """  # noqa: S608
 _TOMBSTONES = f"""
-SELECT coalesce(string_agg({_json_object((
-           ("route_id", "route_id", "string"),
-           ("generation", "generation", "int64"),
-       ))}, ',' ORDER BY route_id), '')
+SELECT coalesce(string_agg({
+    _json_object(
+        (
+            ("route_id", "route_id", "string"),
+            ("generation", "generation", "int64"),
+        )
+    )
+}, ',' ORDER BY route_id), '')
   FROM tombstones WHERE gateway_id = $1
 """  # noqa: S608
 

@@ -27,6 +27,18 @@ async def lock_tenant(conn: asyncpg.Connection, tenant_id: str, mode: Literal["s
         raise not_found("tenant_id", tenant_id)
 
 
+async def require_tenant(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str) -> None:
+    """404 naming tenant_id when the tenant does not exist (no lock: for reads)."""
+    if await conn.fetchval("SELECT 1 FROM tenants WHERE tenant_id = $1", tenant_id) is None:
+        raise not_found("tenant_id", tenant_id)
+
+
+async def require_gateway(conn: asyncpg.Connection, gateway_id: str) -> None:
+    """404 naming gateway_id when the gateway does not exist (no lock: for reads)."""
+    if await conn.fetchval("SELECT 1 FROM gateways WHERE gateway_id = $1", gateway_id) is None:
+        raise not_found("gateway_id", gateway_id)
+
+
 async def tenant_gateways(conn: asyncpg.Connection, tenant_id: str) -> list[str]:
     """Gateways on which the tenant has at least one route: the reach of its policies and issuers."""
     rows = await conn.fetch(

@@ -11,7 +11,7 @@ import asyncpg
 
 from stoa_cp import jwks
 from stoa_cp.problems import Problem, conflict, not_found
-from stoa_cp.publish import bump, lock_tenant, tenant_gateways
+from stoa_cp.publish import bump, lock_tenant, require_tenant, tenant_gateways
 from stoa_cp.schemas import IssuerIn
 
 log = logging.getLogger("stoa_cp")
@@ -25,8 +25,7 @@ async def create(
 ) -> asyncpg.Record:
     if (body.jwks_uri is None) == (body.jwks is None):
         raise Problem(422, "Validation failed", [("jwks_uri", "give exactly one of jwks_uri or jwks")])
-    if await pool.fetchval("SELECT 1 FROM tenants WHERE tenant_id = $1", tenant_id) is None:
-        raise not_found("tenant_id", tenant_id)
+    await require_tenant(pool, tenant_id)
     try:
         # Fetched before any lock is taken: a slow identity provider never holds up other writers.
         keys = (

@@ -95,14 +95,7 @@ class PolicySubscription:
         async with self._channel() as channel:
             call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources()
             # Resubscribe naming what we hold, so the server can skip re-sending an unchanged set.
-            await call.write(
-                DiscoveryRequest(
-                    node=self._node,
-                    type_url=TYPE_URL,
-                    resource_names=[RESOURCE_NAME],
-                    version_info=self.accepted_version_info,
-                )
-            )
+            await call.write(self._request(self.accepted_version_info))
             while True:
                 response = await call.read()
                 if response is grpc.aio.EOF:
@@ -123,13 +116,10 @@ class PolicySubscription:
             log.warning(
                 "policy set refused", extra={"version_info": response.version_info, "error": str(exc)}
             )
-            return DiscoveryRequest(
-                node=self._node,
-                type_url=TYPE_URL,
-                resource_names=[RESOURCE_NAME],
-                version_info=self.accepted_version_info,
-                response_nonce=response.nonce,
-                error_detail=status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=str(exc)),
+            return self._request(
+                self.accepted_version_info,
+                response.nonce,
+                status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=str(exc)),
             )
         self._store.add(policy_set)
         self.accepted_version_info = response.version_info
@@ -137,10 +127,18 @@ class PolicySubscription:
             "policy set accepted",
             extra={"policy_set_version": policy_set.version, "routes": len(policy_set.routes)},
         )
+        return self._request(response.version_info, response.nonce)
+
+    def _request(
+        self, version_info: str, nonce: str = "", error: status_pb2.Status | None = None
+    ) -> DiscoveryRequest:
+        """A request for the policy set naming the version held; an ACK or NACK adds the nonce it
+        answers, a NACK its error."""
         return DiscoveryRequest(
             node=self._node,
             type_url=TYPE_URL,
             resource_names=[RESOURCE_NAME],
-            version_info=response.version_info,
-            response_nonce=response.nonce,
+            version_info=version_info,
+            response_nonce=nonce,
+            error_detail=error,
         )

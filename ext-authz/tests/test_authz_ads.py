@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import io
 import json
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -61,15 +62,24 @@ async def next_request(fake: FakeAds):
     return await asyncio.wait_for(fake.requests.get(), timeout=10)
 
 
+@contextlib.asynccontextmanager
+async def subscription(port: int) -> AsyncIterator[PolicyStore]:
+    """A PolicySubscription to the server on `port`, running until the block ends."""
+    store = PolicyStore()
+    task = asyncio.ensure_future(PolicySubscription(f"127.0.0.1:{port}", store).run())
+    try:
+        yield store
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 @pytest.fixture
 async def ads():
     server, fake, port = await start_server()
-    store = PolicyStore()
-    task = asyncio.ensure_future(PolicySubscription(f"127.0.0.1:{port}", store).run())
-    yield fake, store
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    async with subscription(port) as store:
+        yield fake, store
     await server.stop(grace=0)
 
 
@@ -127,21 +137,17 @@ async def test_empty_or_foreign_response_is_nacked(ads, idp, policy):
 
 async def test_resubscribes_after_server_restart(idp, policy):
     server, fake, port = await start_server()
-    store = PolicyStore()
-    task = asyncio.ensure_future(PolicySubscription(f"127.0.0.1:{port}", store).run())
     try:
-        await next_request(fake)
-        await fake.outgoing.put(response(policy(idp, "v1"), "snap-1", "n1"))
-        await next_request(fake)
-        await server.stop(grace=0)
-        server, fake, _ = await start_server(port)
-        again = await next_request(fake)
-        assert again.version_info == "snap-1"
-        assert store.versions() == ["v1"]  # kept while disconnected
+        async with subscription(port) as store:
+            await next_request(fake)
+            await fake.outgoing.put(response(policy(idp, "v1"), "snap-1", "n1"))
+            await next_request(fake)
+            await server.stop(grace=0)
+            server, fake, _ = await start_server(port)
+            again = await next_request(fake)
+            assert again.version_info == "snap-1"
+            assert store.versions() == ["v1"]  # kept while disconnected
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         await server.stop(grace=0)
 
 

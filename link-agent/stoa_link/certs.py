@@ -61,32 +61,38 @@ def _validity(builder: x509.CertificateBuilder, days: int) -> x509.CertificateBu
     )
 
 
+def _role(builder: x509.CertificateBuilder, ca: bool) -> x509.CertificateBuilder:
+    """Basic constraints and key usage, both critical: a CA signs certificates and CRLs only, a leaf
+    signs its TLS handshakes only."""
+    return builder.add_extension(
+        x509.BasicConstraints(ca=ca, path_length=0 if ca else None), critical=True
+    ).add_extension(
+        x509.KeyUsage(
+            digital_signature=not ca,
+            content_commitment=False,
+            key_encipherment=False,
+            data_encipherment=False,
+            key_agreement=False,
+            key_cert_sign=ca,
+            crl_sign=ca,
+            encipher_only=False,
+            decipher_only=False,
+        ),
+        critical=True,
+    )
+
+
 def make_ca() -> Issued:
     key = _key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, DEV_CA_NAME)])
-    builder = (
+    builder = _role(
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
         .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-    )
+        .serial_number(x509.random_serial_number()),
+        ca=True,
+    ).add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
     cert = _validity(builder, 3650).sign(key, hashes.SHA256())
     return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
@@ -104,25 +110,13 @@ def _leaf(
         raise ValueError("the CA key is not an ECDSA key")
     key = _key()
     builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
+        _role(
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number()),
+            ca=False,
         )
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(san, critical=san_critical)

@@ -195,6 +195,23 @@ def _received(text: str, generation_hint: int, source: str) -> Delivery:
     return delivery
 
 
+def gateway_client(
+    cp_url: str,
+    gateway_id: str,
+    credential: str,
+    transport: httpx.AsyncBaseTransport | None,
+    timeout: httpx.Timeout | float,
+) -> httpx.AsyncClient:
+    """A client for one gateway's CP endpoints: paths relative to /v1/gateways/{gateway_id}/, its
+    credential on every request."""
+    return httpx.AsyncClient(
+        base_url=f"{cp_url.rstrip('/')}/v1/gateways/{gateway_id}/",
+        transport=transport,
+        timeout=timeout,
+        headers={"Authorization": f"Bearer {credential}"},
+    )
+
+
 class CpUnavailable(Exception):
     """The CP could not be reached or answered with an error."""
 
@@ -210,11 +227,9 @@ class CpClient:
         backoff: Backoff | None = None,
         read_timeout_s: float = 60.0,
     ) -> None:
-        self.base = f"{cp_url.rstrip('/')}/v1/gateways/{gateway_id}"
-        self._headers = {"Authorization": f"Bearer {credential}"}
         # The read timeout outlasts the CP's keep-alive comments, so a silently dead stream is noticed.
-        self._client = httpx.AsyncClient(
-            transport=transport, timeout=httpx.Timeout(10.0, read=read_timeout_s), headers=self._headers
+        self._client = gateway_client(
+            cp_url, gateway_id, credential, transport, httpx.Timeout(10.0, read=read_timeout_s)
         )
         self.backoff = backoff or Backoff()
         self.last_event_id: int | None = None
@@ -226,7 +241,7 @@ class CpClient:
 
     async def fetch_config(self) -> Delivery:
         try:
-            response = await self._client.get(f"{self.base}/config")
+            response = await self._client.get("config")
         except httpx.HTTPError as exc:
             raise CpUnavailable(f"GET /config: {exc!r}") from exc
         if response.status_code != 200:
@@ -237,7 +252,7 @@ class CpClient:
     async def _follow(self) -> AsyncIterator[Delivery]:
         headers = {} if self.last_event_id is None else {"Last-Event-ID": str(self.last_event_id)}
         try:
-            async with aconnect_sse(self._client, "GET", f"{self.base}/events", headers=headers) as source:
+            async with aconnect_sse(self._client, "GET", "events", headers=headers) as source:
                 if source.response.status_code != 200:
                     body = (await source.response.aread()).decode(errors="replace")[:300]
                     raise CpUnavailable(f"GET /events answered {source.response.status_code}: {body}")

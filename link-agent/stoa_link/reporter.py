@@ -13,7 +13,7 @@ import httpx
 from google.protobuf import json_format
 from stoa_proto import inventory_pb2
 
-from stoa_link.cp_client import Backoff
+from stoa_link.cp_client import Backoff, gateway_client
 
 log = logging.getLogger("stoa_link.reporter")
 
@@ -36,10 +36,7 @@ class Reporter:
         backoff: Backoff | None = None,
     ) -> None:
         self.gateway_id = gateway_id
-        self.url = f"{cp_url.rstrip('/')}/v1/gateways/{gateway_id}/sync-reports"
-        self._client = httpx.AsyncClient(
-            transport=transport, timeout=10.0, headers={"Authorization": f"Bearer {credential}"}
-        )
+        self._client = gateway_client(cp_url, gateway_id, credential, transport, 10.0)
         self.backoff = backoff or Backoff()
         self._pending: inventory_pb2.SyncReport | None = None
         self._wake = asyncio.Event()
@@ -92,7 +89,7 @@ class Reporter:
         }
         try:
             response = await self._client.post(
-                self.url, content=report_json(report), headers={"Content-Type": "application/json"}
+                "sync-reports", content=report_json(report), headers={"Content-Type": "application/json"}
             )
         except httpx.HTTPError as exc:
             log.warning("report_unreachable", extra={"fields": {**fields, "error": repr(exc)}})

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Response
 
 from stoa_cp.auth import Admin, Db
 from stoa_cp.problems import PROBLEM_RESPONSES, conflict, invalid, not_found
-from stoa_cp.publish import bump, lock_tenant
+from stoa_cp.publish import bump, lock_tenant, require_tenant
 from stoa_cp.schemas import ApiAuth, ApiFields, ApiIn, ApiOut, ApiUpdate
 
 router = APIRouter(
@@ -86,8 +86,7 @@ async def create_api(tenant_id: str, body: ApiIn, db: Db) -> ApiOut:
 @router.get("")
 async def list_apis(tenant_id: str, db: Db) -> list[ApiOut]:
     async with db.acquire() as conn:
-        if await conn.fetchval("SELECT 1 FROM tenants WHERE tenant_id = $1", tenant_id) is None:
-            raise not_found("tenant_id", tenant_id)
+        await require_tenant(conn, tenant_id)
         rows = await conn.fetch(f"{_SELECT} WHERE a.tenant_id = $1 ORDER BY a.api_id", tenant_id)
     return [_out(row) for row in rows]
 
@@ -95,8 +94,7 @@ async def list_apis(tenant_id: str, db: Db) -> list[ApiOut]:
 @router.get("/{api_id}")
 async def get_api(tenant_id: str, api_id: str, db: Db) -> ApiOut:
     async with db.acquire() as conn:
-        if await conn.fetchval("SELECT 1 FROM tenants WHERE tenant_id = $1", tenant_id) is None:
-            raise not_found("tenant_id", tenant_id)
+        await require_tenant(conn, tenant_id)
         return _out(await _read(conn, tenant_id, api_id))
 
 

@@ -5,7 +5,7 @@ from fastapi import APIRouter
 
 from stoa_cp.auth import Admin, Db, new_credential
 from stoa_cp.problems import PROBLEM_RESPONSES, conflict, not_found
-from stoa_cp.publish import bump, lock_gateway, lock_tenant, notify
+from stoa_cp.publish import bump, lock_gateway, lock_tenant, notify, require_gateway
 from stoa_cp.schemas import DeploymentOut, GatewayCreated, GatewayIn, GatewayOut, GatewayStatus, LastReport
 
 router = APIRouter(
@@ -50,8 +50,7 @@ async def get_gateway(gateway_id: str, db: Db) -> GatewayOut:
 @router.get("/{gateway_id}/deployments")
 async def list_deployments(gateway_id: str, db: Db) -> list[str]:
     async with db.acquire() as conn:
-        if await conn.fetchval("SELECT 1 FROM gateways WHERE gateway_id = $1", gateway_id) is None:
-            raise not_found("gateway_id", gateway_id)
+        await require_gateway(conn, gateway_id)
         rows = await conn.fetch(
             "SELECT api_id FROM deployments WHERE gateway_id = $1 ORDER BY api_id", gateway_id
         )

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request, Response
 from stoa_cp import trust
 from stoa_cp.auth import Admin, Db
 from stoa_cp.problems import PROBLEM_RESPONSES, not_found
+from stoa_cp.publish import require_tenant
 from stoa_cp.schemas import IssuerIn, IssuerOut, IssuerRefreshed
 
 router = APIRouter(
@@ -30,8 +31,7 @@ async def create_issuer(tenant_id: str, body: IssuerIn, request: Request, db: Db
 @router.get("")
 async def list_issuers(tenant_id: str, db: Db) -> list[IssuerOut]:
     async with db.acquire() as conn:
-        if await conn.fetchval("SELECT 1 FROM tenants WHERE tenant_id = $1", tenant_id) is None:
-            raise not_found("tenant_id", tenant_id)
+        await require_tenant(conn, tenant_id)
         rows = await conn.fetch(trust.SELECT + " WHERE tenant_id = $1 ORDER BY issuer", tenant_id)
     return [_out(row) for row in rows]
 

@@ -13,7 +13,14 @@ from fastapi import APIRouter, Response
 from stoa_cp import policy_config
 from stoa_cp.auth import Admin, Db
 from stoa_cp.problems import PROBLEM_RESPONSES, Problem, conflict, invalid, not_found
-from stoa_cp.publish import bump, lock_gateway, lock_tenant, tenant_gateways
+from stoa_cp.publish import (
+    bump,
+    lock_gateway,
+    lock_tenant,
+    require_gateway,
+    require_tenant,
+    tenant_gateways,
+)
 from stoa_cp.schemas import (
     GatewayPolicyIn,
     GatewayPolicyUpdate,
@@ -108,8 +115,7 @@ async def _tenant_policy(
 @tenant_router.get("")
 async def list_tenant_policies(tenant_id: str, db: Db) -> list[PolicyOut]:
     async with db.acquire() as conn:
-        if await conn.fetchval("SELECT 1 FROM tenants WHERE tenant_id = $1", tenant_id) is None:
-            raise not_found("tenant_id", tenant_id)
+        await require_tenant(conn, tenant_id)
         return [
             _out(r) for r in await conn.fetch(f"{_SELECT} WHERE tenant_id = $1 ORDER BY policy_id", tenant_id)
         ]
@@ -118,8 +124,7 @@ async def list_tenant_policies(tenant_id: str, db: Db) -> list[PolicyOut]:
 @tenant_router.get("/{policy_id}")
 async def get_tenant_policy(tenant_id: str, policy_id: str, db: Db) -> PolicyOut:
     async with db.acquire() as conn:
-        if await conn.fetchval("SELECT 1 FROM tenants WHERE tenant_id = $1", tenant_id) is None:
-            raise not_found("tenant_id", tenant_id)
+        await require_tenant(conn, tenant_id)
         return _out(await _tenant_policy(conn, tenant_id, policy_id, lock=False))
 
 
@@ -185,8 +190,7 @@ async def create_gateway_policy(gateway_id: str, body: GatewayPolicyIn, db: Db) 
 @gateway_router.get("")
 async def list_gateway_policies(gateway_id: str, db: Db) -> list[PolicyOut]:
     async with db.acquire() as conn:
-        if await conn.fetchval("SELECT 1 FROM gateways WHERE gateway_id = $1", gateway_id) is None:
-            raise not_found("gateway_id", gateway_id)
+        await require_gateway(conn, gateway_id)
         return [
             _out(r)
             for r in await conn.fetch(f"{_SELECT} WHERE gateway_id = $1 ORDER BY policy_id", gateway_id)
@@ -196,8 +200,7 @@ async def list_gateway_policies(gateway_id: str, db: Db) -> list[PolicyOut]:
 @gateway_router.get("/{policy_id}")
 async def get_gateway_policy(gateway_id: str, policy_id: str, db: Db) -> PolicyOut:
     async with db.acquire() as conn:
-        if await conn.fetchval("SELECT 1 FROM gateways WHERE gateway_id = $1", gateway_id) is None:
-            raise not_found("gateway_id", gateway_id)
+        await require_gateway(conn, gateway_id)
         return _out(await _gateway_policy(conn, gateway_id, policy_id))
 
 

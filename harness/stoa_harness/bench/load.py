@@ -185,17 +185,7 @@ class WrkRun:
         self._tmp.cleanup()
 
 
-def run_wrk(
-    base_url: str,
-    *,
-    paths: Sequence[str],
-    tokens: Sequence[str] = (),
-    connections: int,
-    duration_s: float,
-    threads: int | None = None,
-) -> WrkResult:
-    """Run wrk against `base_url` for `duration_s` and return its summary."""
-    with WrkRun(
-        base_url, paths=paths, tokens=tokens, connections=connections, duration_s=duration_s, threads=threads
-    ) as run:
+def run_wrk(base_url: str, **options: Any) -> WrkResult:
+    """Run wrk against `base_url` to the end (options as for WrkRun) and return its summary."""
+    with WrkRun(base_url, **options) as run:
         return run.result()
