@@ -17,6 +17,7 @@ run: setup
 
 test: setup
 	$(UV) run --frozen ruff check .
+	$(UV) run --frozen ruff format --check .
 	$(UV) run --frozen pytest
 
 lint: setup
