@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 
 import httpx
 from google.protobuf import json_format
@@ -19,6 +20,7 @@ log = logging.getLogger("stoa_link.reporter")
 
 # A 4xx other than these will not succeed by retrying the same body.
 _RETRYABLE = {408, 425, 429}
+DELIVERED_KEPT = 32
 
 
 def report_json(report: inventory_pb2.SyncReport) -> str:
@@ -42,7 +44,8 @@ class Reporter:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self.delivered: list[inventory_pb2.SyncReport] = []
+        # The most recent deliveries, for inspection; bounded so a long-lived Link does not grow.
+        self.delivered: deque[inventory_pb2.SyncReport] = deque(maxlen=DELIVERED_KEPT)
 
     def submit(self, report: inventory_pb2.SyncReport) -> None:
         """Queue `report`, replacing any older report not yet delivered."""
