@@ -4,10 +4,12 @@
 
 This process serves the policy set over an (insecure, loopback) ADS stream, starts the service as a
 subprocess, sends Checks with a fixed number in flight, and divides the service's process CPU time
-(utime + stime from /proc/<pid>/stat, children included for workers) by the number of Checks.
+(utime + stime of every process in its session, workers included) by the number of Checks.
 Scenarios: `cached` (one valid token, the full JWT decision from the cache), `uncached` (a distinct
 valid token per Check: signature verification every time), `deny` (no token).
-Not a test: it prints numbers (a bench report, not a pass/fail).
+Not a test: it prints numbers (a bench report, not a pass/fail). Unlike `make bench` (the estate,
+Envoy and wrk), it isolates the service's own cost per Check; the /proc and port helpers are the
+bench suite's.
 """
 
 # ruff: noqa: ASYNC220, ASYNC240 - a bench driver: blocking process control before and after timing
@@ -18,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,11 +34,13 @@ from envoy.service.discovery.v3 import ads_pb2_grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
 from google.protobuf import any_pb2
 from stoa_authz.ads import TYPE_URL
+from stoa_harness.bench.rig import cpu_seconds, session_pids
 from stoa_harness.idp import DevIdentityProvider
+from stoa_harness.ports import free_port
+from stoa_harness.processes import stop_group
 from stoa_proto import authz_pb2, inventory_pb2
 
 AUDIENCE = "stoa-bench"
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class OneSetAds(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -59,26 +62,6 @@ class OneSetAds(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             await asyncio.Event().wait()  # hold the stream open until the server stops
         finally:
             reader.cancel()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime + reaped children's, of `pid` and of its live children (the workers)."""
-    total = 0.0
-    pids = [pid]
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    if children.exists():
-        pids += [int(p) for p in children.read_text().split()]
-    for one in pids:
-        fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
-        # fields[0] is field 3 (state): utime=14, stime=15, cutime=16, cstime=17 → indexes 11..14
-        total += sum(int(x) for x in fields[11:15]) / TICKS
-    return total
 
 
 def policy_set(idp: DevIdentityProvider) -> DiscoveryResponse:
@@ -186,7 +169,10 @@ async def main() -> None:
         "STOA_AUTHZ_WORKERS": str(args.workers),
     }
     log = tempfile.NamedTemporaryFile(prefix="stoa-authz-bench-", suffix=".log", delete=False)  # noqa: SIM115
-    service = subprocess.Popen([sys.executable, "-m", "stoa_authz"], env=env, stderr=log)
+    # Its own session: its CPU is summed over the session, and stopping the group stops the workers.
+    service = subprocess.Popen(
+        [sys.executable, "-m", "stoa_authz"], env=env, stderr=log, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 30
         async with httpx.AsyncClient() as client:
@@ -237,10 +223,11 @@ async def main() -> None:
                     stderr=subprocess.DEVNULL,
                 )
                 await asyncio.sleep(1.0)  # let py-spy attach before the measured run
-            cpu_before, wall_before = cpu_seconds(service.pid), time.perf_counter()
+            pids = session_pids(service.pid)
+            cpu_before, wall_before = cpu_seconds(pids).seconds, time.perf_counter()
             allowed, denied = await drive(grpc_address, requests, args.concurrency)
             wall = time.perf_counter() - wall_before
-            cpu = cpu_seconds(service.pid) - cpu_before
+            cpu = cpu_seconds(pids).seconds - cpu_before
             if profiler is not None:
                 profiler.send_signal(2)
                 profiler.wait(timeout=60)
@@ -250,8 +237,7 @@ async def main() -> None:
                 f"cpu/decision={cpu / total * 1e6:7.1f} us  rate={total / wall:8.0f}/s"
             )
     finally:
-        service.terminate()
-        service.wait(timeout=15)
+        stop_group(service, timeout=15)
         await server.stop(grace=0)
         Path(log.name).unlink(missing_ok=True)
 

@@ -63,7 +63,6 @@ class PolicySubscription:
         self._server_name = server_name
         self._node = Node(id=f"stoa-authz/{socket.gethostname()}/{os.getpid()}", cluster="stoa-authz")
         self.accepted_version_info = ""
-        self.nacks = 0
 
     def _channel(self) -> grpc.aio.Channel:
         options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
@@ -112,7 +111,6 @@ class PolicySubscription:
             if not isinstance(exc, PolicyError):
                 log.exception("policy set could not be compiled")
                 exc = PolicyError(f"policy set could not be compiled: {type(exc).__name__}")
-            self.nacks += 1
             log.warning(
                 "policy set refused", extra={"version_info": response.version_info, "error": str(exc)}
             )

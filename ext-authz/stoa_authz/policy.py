@@ -127,7 +127,6 @@ class Route:
 @dataclass(slots=True)
 class PolicySet:
     version: str
-    generation: int
     routes: dict[str, Route]
     # Decisions for verified tokens, per set: (route_id, sha256(token)) -> cached decision (see check).
     decisions: OrderedDict[tuple[str, bytes], Any] = field(default_factory=OrderedDict)
@@ -217,7 +216,7 @@ def _compile(message: authz_pb2.AuthzPolicySet, recent: tuple[_Compiled, ...]) -
                 compiled = replace(compiled, issuers=tenant)
         routes[compiled.route_id] = compiled
         done.routes[content_key] = compiled
-    return PolicySet(message.version, message.generation, routes), done
+    return PolicySet(message.version, routes), done
 
 
 def _where(issuer: inventory_pb2.TrustedIssuer) -> str:
@@ -268,7 +267,6 @@ class PolicyStore:
         self._keep = keep
         self._sets: OrderedDict[str, PolicySet] = OrderedDict()
         self.on_change = on_change
-        self.latest: PolicySet | None = None
 
     def add(self, policy_set: PolicySet) -> None:
         # Same content, same version: keep the loaded object (and its warm decision cache). The
@@ -279,7 +277,6 @@ class PolicyStore:
         while len(sets) > self._keep:
             sets.popitem(last=False)
         self._sets = sets
-        self.latest = sets[policy_set.version]
         if self.on_change:
             self.on_change()
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,14 +22,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from joserfc import jws
 from joserfc.jwk import import_key
 from stoa_authz.ads import TYPE_URL
+from stoa_harness.ports import free_port
+from stoa_harness.processes import stop_group
 
 AUD = "stoa-test"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def eventually(predicate, what: str = "condition", within: float = 10.0):
@@ -100,17 +94,15 @@ class Service:
 
     def start(self) -> Service:
         with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "stoa_authz"], env=self.env, stderr=log)
+            # Its own session: stopping the group also stops its workers, even if the parent hangs.
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "stoa_authz"], env=self.env, stderr=log, start_new_session=True
+            )
         return self
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            stop_group(self.process, timeout=15)
 
     def log_lines(self) -> list[dict]:
         return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.startswith("{")]
