@@ -16,11 +16,15 @@ from typing import Any
 import httpx
 
 from stoa_harness.processes import stop_group
-from stoa_harness.wait import wait_until
+from stoa_harness.wait import GiveUp, wait_until
 
 
 class EnvoyConfigError(Exception):
     """Envoy refused a configuration; the message is Envoy's own."""
+
+
+class EnvoyExited(EnvoyConfigError, GiveUp):
+    """Envoy exited while it was being waited on: waiting longer cannot help."""
 
 
 @cache
@@ -134,7 +138,7 @@ class EnvoyProcess:
 
     def _admin_up(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
-            raise EnvoyConfigError(f"Envoy exited with {self.proc.returncode}: see {self.log_path}")
+            raise EnvoyExited(f"Envoy exited with {self.proc.returncode}: see {self.log_path}")
         return httpx.get(f"{self.admin_url}/ready", timeout=1.0).status_code in (200, 503)
 
     def admin_get(self, path: str, **params: str) -> httpx.Response:

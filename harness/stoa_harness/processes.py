@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from stoa_harness.lifecycle import Lifecycle
-from stoa_harness.wait import WaitTimeout, wait_until
+from stoa_harness.wait import GiveUp, WaitTimeout, wait_until
 
 
-class ProcessFailed(RuntimeError):
+class ProcessFailed(GiveUp, RuntimeError):
     """A supervised process exited or never became ready; the message carries its log's tail."""
 
 

@@ -13,6 +13,10 @@ class WaitTimeout(AssertionError):
     """The condition did not hold before the deadline (an AssertionError so tests fail, not error)."""
 
 
+class GiveUp(Exception):
+    """Raised by a predicate when waiting longer cannot help (the process waited on has exited)."""
+
+
 def wait_until(
     predicate: Callable[[], T | None],
     timeout: float = 10.0,
@@ -22,7 +26,7 @@ def wait_until(
     """Poll `predicate` until it returns a truthy value and return that value.
 
     Exceptions raised by the predicate count as "not yet" (a server that is still starting refuses
-    connections); the last one is reported if the deadline passes.
+    connections); the last one is reported if the deadline passes. `GiveUp` ends the wait at once.
     """
     deadline = time.monotonic() + timeout
     last_error: BaseException | None = None
@@ -32,6 +36,8 @@ def wait_until(
             if value:
                 return value
             last_error = None
+        except GiveUp:
+            raise
         except Exception as exc:  # the predicate decides what "not yet" looks like
             last_error = exc
         if time.monotonic() >= deadline:
