@@ -142,6 +142,7 @@ UpstreamUrl = Annotated[str, StringConstraints(max_length=MAX_URL_LENGTH), After
 PathPrefix = Annotated[str, StringConstraints(max_length=MAX_URL_LENGTH), AfterValidator(_path_prefix)]
 Methods = Annotated[list[str], Field(min_length=1), AfterValidator(_methods)]
 Scopes = Annotated[list[str], AfterValidator(_scopes)]
+PolicyType = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
 HttpUrl = Annotated[
     str, StringConstraints(max_length=MAX_URL_LENGTH), AfterValidator(_storable), AfterValidator(_http_url)
 ]
@@ -240,7 +241,7 @@ class GatewayStatus(BaseModel):
 
 # -- policies -----------------------------------------------------------------------------------
 class TenantPolicyFields(Strict):
-    type: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
+    type: PolicyType
     config: JsonObject
     scope: Literal["tenant", "api"]
     targets: list[Identifier] = []
@@ -255,7 +256,7 @@ class TenantPolicyUpdate(TenantPolicyFields):
 
 
 class GatewayPolicyFields(Strict):
-    type: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
+    type: PolicyType
     config: JsonObject
 
 

@@ -39,9 +39,9 @@ async def create(
         await lock_tenant(conn, tenant_id, "update")
         try:
             row = await conn.fetchrow(
-                "INSERT INTO issuers (issuer_id, tenant_id, issuer, jwks_uri, jwks, fetched_at)"
+                "INSERT INTO issuers (issuer_id, tenant_id, issuer, jwks_uri, jwks, fetched_at)"  # noqa: S608
                 " VALUES ($1, $2, $3, $4, $5, CASE WHEN $4::text IS NULL THEN NULL ELSE now() END)"
-                " RETURNING issuer_id, tenant_id, issuer, jwks_uri, jwks, fetched_at, last_error",
+                f" RETURNING {FIELDS}",
                 f"iss-{secrets.token_hex(8)}",
                 tenant_id,
                 body.issuer,
@@ -82,8 +82,8 @@ async def refresh(pool: asyncpg.Pool, issuer_id: str, fetch_timeout_s: float) ->
         if changed:
             await bump(conn, await tenant_gateways(conn, current["tenant_id"]))
         row = await conn.fetchrow(
-            "UPDATE issuers SET jwks = $2, fetched_at = now(), last_error = '' WHERE issuer_id = $1"
-            " RETURNING issuer_id, tenant_id, issuer, jwks_uri, jwks, fetched_at, last_error",
+            "UPDATE issuers SET jwks = $2, fetched_at = now(), last_error = '' WHERE issuer_id = $1"  # noqa: S608
+            f" RETURNING {FIELDS}",
             issuer_id,
             keys,
         )

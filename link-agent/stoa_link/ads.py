@@ -100,7 +100,6 @@ class _TypeState:
     sent_version: str | None = None
     sent_digest: str = ""  # content of the latest push (see _digest)
     acked_nonce: str = ""
-    acked_version: str | None = None
     nack_detail: str | None = None  # set when the latest push was refused
     sent_at: float = 0.0  # monotonic time of the latest push, and of its ACK
     acked_at: float = 0.0
@@ -116,7 +115,6 @@ class _Close:
 class _Stream:
     sid: int
     identity: str
-    peer: str
     allowed: frozenset[str]
     queue: asyncio.Queue[discovery_pb2.DiscoveryResponse | _Close] = field(default_factory=asyncio.Queue)
     types: dict[str, _TypeState] = field(default_factory=dict)
@@ -154,7 +152,8 @@ def _pack(type_url: str, resources: Iterable[Message]) -> tuple[tuple[any_pb2.An
     return tuple(packed), digest.hexdigest()
 
 
-def _ms(since: float) -> float:
+def elapsed_ms(since: float) -> float:
+    """Milliseconds since `since` (a `time.perf_counter()` reading), for stage timings in logs."""
     return round((time.perf_counter() - since) * 1000, 2)
 
 
@@ -246,9 +245,8 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def event_log(self) -> list[AdsEvent]:
         return list(self.events)
 
-    async def wait_for_clients(self, identities: Iterable[str] | None = None) -> None:
-        wanted = set(identities) if identities is not None else set(self._allowed)
-        while not all(self.connected(i) for i in wanted):
+    async def wait_for_clients(self) -> None:
+        while not all(self.connected(i) for i in self._allowed):
             await self._next_change(None)
 
     # ---- publication --------------------------------------------------------------------------
@@ -258,9 +256,9 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         async with self._publish_lock:
             started = time.perf_counter()
             await self.wait_for_clients()
-            timings: dict[str, float] = {"clients_ms": _ms(started)}
+            timings: dict[str, float] = {"clients_ms": elapsed_ms(started)}
             result = await self._apply(snapshot, timings)
-            timings["publish_ms"] = _ms(started)
+            timings["publish_ms"] = elapsed_ms(started)
             result = dataclasses.replace(result, timings=timings)
             if result.acked:
                 self._acked = snapshot
@@ -315,9 +313,9 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 continue
             mark = time.perf_counter()
             digest = self._serve(type_url, version, snapshot.of(type_url))
-            timings[f"{short(type_url)}_serve_ms"] = _ms(mark)
+            timings[f"{short(type_url)}_serve_ms"] = elapsed_ms(mark)
             failure = await self._wait_acked({type_url: digest}, readers, version)
-            timings[f"{short(type_url)}_ack_ms"] = _ms(mark)
+            timings[f"{short(type_url)}_ack_ms"] = elapsed_ms(mark)
             if failure:
                 return failure
         readers = self._readers(ENVOY_TYPES)
@@ -335,9 +333,9 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             LISTENER: self._serve(LISTENER, version, snapshot.of(LISTENER)),
             ROUTE: self._serve(ROUTE, version, snapshot.of(ROUTE)),
         }
-        timings["envoy_serve_ms"] = _ms(mark)
+        timings["envoy_serve_ms"] = elapsed_ms(mark)
         failure = await self._wait_acked(targets, readers, version)
-        timings["envoy_ack_ms"] = _ms(mark)
+        timings["envoy_ack_ms"] = elapsed_ms(mark)
         timings.update(self._ack_times(targets, readers, since=pushed_at))
         if failure:
             return failure
@@ -345,7 +343,7 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             mark = time.perf_counter()
             digest = self._serve(CLUSTER, version, snapshot.of(CLUSTER))
             failure = await self._wait_acked({CLUSTER: digest}, readers, version)
-            timings["cds_removal_ack_ms"] = _ms(mark)
+            timings["cds_removal_ack_ms"] = elapsed_ms(mark)
             if failure:
                 return failure
         return PublishResult(True, version)
@@ -480,7 +478,7 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             )
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, reason)
             return
-        stream = _Stream(next(self._sids), identity, peer, self._allowed[identity])
+        stream = _Stream(next(self._sids), identity, self._allowed[identity])
         self._streams[stream.sid] = stream
         self._record("connect", identity)
         log.info(
@@ -558,7 +556,7 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 detail=state.nack_detail,
             )
         else:
-            state.acked_nonce, state.acked_version = request.response_nonce, state.sent_version
+            state.acked_nonce = request.response_nonce
             state.acked_at = time.monotonic()
             self._record("ack", stream.identity, type_url, state.sent_version or "", request.response_nonce)
             if new_names and type_url in self._served:

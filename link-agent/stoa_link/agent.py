@@ -18,7 +18,7 @@ from google.protobuf import json_format
 from stoa_proto import inventory_pb2
 
 from stoa_link import guard
-from stoa_link.ads import AdsServer
+from stoa_link.ads import AdsServer, elapsed_ms
 from stoa_link.cp_client import CpClient, Delivery, InvalidInventory
 from stoa_link.reporter import Reporter
 from stoa_link.snapshot import Snapshot
@@ -89,10 +89,6 @@ def _failed(
         detail=storable_detail(detail),
         snapshot_version=version,
     )
-
-
-def _ms(since: float) -> float:
-    return round((time.perf_counter() - since) * 1000, 2)
 
 
 class Agent:
@@ -219,14 +215,14 @@ class Agent:
         try:
             mark = time.perf_counter()
             guard.check(inventory, last, self.gateway_id)
-            timings["guard_ms"] = _ms(mark)
+            timings["guard_ms"] = elapsed_ms(mark)
             mark = time.perf_counter()
             snapshot = self.translate(inventory)
-            timings["translate_ms"] = _ms(mark)
+            timings["translate_ms"] = elapsed_ms(mark)
         except guard.Refusal as refusal:
             return self._report(
                 _failed(self.gateway_id, inventory.generation, refusal.reason, refusal.detail),
-                timings | {"total_ms": _ms(started)},
+                timings | {"total_ms": elapsed_ms(started)},
             )
         log.info(
             "publishing",
@@ -245,12 +241,12 @@ class Agent:
             reason = FailureReason.Value(result.reason)
             return self._report(
                 _failed(self.gateway_id, inventory.generation, reason, result.detail, snapshot.version),
-                timings | {"total_ms": _ms(started)},
+                timings | {"total_ms": elapsed_ms(started)},
             )
         mark = time.perf_counter()
         self.store.save(inventory, document)
         self.last_applied = inventory
-        timings["store_ms"] = _ms(mark)
+        timings["store_ms"] = elapsed_ms(mark)
         return self._report(
             inventory_pb2.SyncReport(
                 gateway_id=self.gateway_id,
@@ -258,7 +254,7 @@ class Agent:
                 status=inventory_pb2.SYNCED,
                 snapshot_version=snapshot.version,
             ),
-            timings | {"total_ms": _ms(started)},
+            timings | {"total_ms": elapsed_ms(started)},
         )
 
     def _report(

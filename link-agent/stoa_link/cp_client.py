@@ -43,9 +43,6 @@ class Backoff:
     def reset(self) -> None:
         self.attempt = 0
 
-    async def sleep(self) -> None:
-        await asyncio.sleep(self.next_delay())
-
 
 @dataclass(frozen=True)
 class InvalidInventory:
@@ -58,11 +55,10 @@ class InvalidInventory:
 Delivery = inventory_pb2.Inventory | InvalidInventory
 
 
-# The lists that grow with the estate (10,000 routes, as many tombstones after a mass undeployment).
-_LARGE_FIELDS = ("routes", "tombstones")
-# repr of one element of those lists (as JSON-decoded) → the serialised Inventory holding just that
-# element, from the latest document: json_format parses ≈40 µs per route in Python, so a document
-# that changes one route among 10,000 is parsed element by element and only new elements pay it.
+# repr of one element of a large list (see _ELEMENTS; as JSON-decoded) → the serialised Inventory
+# holding just that element, from the latest document: json_format parses ≈40 µs per route in Python,
+# so a document that changes one route among 10,000 is parsed element by element and only new
+# elements pay it.
 _fragments: dict[str, bytes] = {}
 
 
@@ -78,7 +74,8 @@ def _field_kinds(message: type[Message]) -> dict[str, str]:
     return kinds
 
 
-# Element message of each large list, and the kind of each of its fields the plain path handles.
+# The lists that grow with the estate (10,000 routes, as many tombstones after a mass undeployment):
+# element message of each, and the kind of each of its fields the plain path handles.
 _ELEMENTS: dict[str, tuple[type[Message], dict[str, str]]] = {
     "routes": (inventory_pb2.Route, _field_kinds(inventory_pb2.Route)),
     "tombstones": (inventory_pb2.Tombstone, _field_kinds(inventory_pb2.Tombstone)),
@@ -140,7 +137,7 @@ def _parse_reusing(text: str) -> inventory_pb2.Inventory:
         raise ValueError("not a JSON object")
     parts: list[bytes] = []
     fragments: dict[str, bytes] = {}
-    for name in _LARGE_FIELDS:
+    for name in _ELEMENTS:
         items = doc.pop(name, None)
         if items is None:
             continue
