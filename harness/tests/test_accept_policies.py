@@ -20,6 +20,7 @@ from stoa_harness.estate import Estate, Site, checked
 from stoa_harness.wait import wait_until
 from stoa_link.agent import STATE_FILE
 from stoa_proto import inventory_pb2
+from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES
 
 TENANT = "pol"
 ORIGIN = "https://app.example.com"
@@ -227,6 +228,22 @@ def test_ip_filter_acts_on_the_peer_address_and_forged_forwarding_changes_nothin
     assert codes == [expected] * len(FORGED)
     routed = policies.upstream.arrivals(f"/{api_id}/")
     assert len(routed) == (len(FORGED) if expected == 200 else 0)
+
+
+def test_an_address_denial_has_the_neutral_body_and_an_authz_denial_keeps_its_own(policies: Estate) -> None:
+    refused = policies.gateway.get(policies.url("/apis/p-deny-local/x"))
+    assert refused.status_code == 403
+    assert refused.content == DENY_BODIES[403]  # never Envoy's text naming the filter
+    assert refused.headers["content-type"] == CONTENT_TYPE
+
+    own_body = b'{"error":"witness-says-no"}'
+    policies.witness.deny(403, own_body)
+    try:
+        denied = policies.gateway.get(policies.url("/apis/p-deny-other/x"))
+    finally:
+        policies.witness.allow()
+    assert denied.status_code == 403
+    assert denied.content == own_body
 
 
 # -- scope expansion ----------------------------------------------------------------------------

@@ -273,8 +273,11 @@ def test_ext_authz_fails_closed_with_the_neutral_body() -> None:
     assert ext_authz.status_on_error.code == 503
     assert ext_authz.grpc_service.envoy_grpc.cluster_name == "stoa-ext-authz"
     assert ext_authz.grpc_service.timeout.ToMilliseconds() == OPTIONS.ext_authz_timeout_ms
-    (mapper,) = manager.local_reply_config.mappers
+    mapper, authz_403, other_403 = manager.local_reply_config.mappers
     assert mapper.body.inline_string.encode() == DENY_BODIES[503] == DENY_BODIES[403]
+    # The service's own 403 passes untouched; any other local 403 (rbac) gets the neutral body.
+    assert not authz_403.HasField("body")
+    assert other_403.body.inline_string.encode() == DENY_BODIES[403]
     assert mapper.body_format_override.content_type == "application/json"
     (retry_after,) = mapper.headers_to_add
     assert retry_after.header.key == "retry-after"

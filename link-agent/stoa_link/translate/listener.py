@@ -137,20 +137,22 @@ def _ext_authz(options: TranslateOptions) -> ext_authz_pb2.ExtAuthz:
     )
 
 
+def _status(status: int) -> accesslog_pb2.AccessLogFilter:
+    return accesslog_pb2.AccessLogFilter(
+        status_code_filter=accesslog_pb2.StatusCodeFilter(
+            comparison=accesslog_pb2.ComparisonFilter(
+                op=accesslog_pb2.ComparisonFilter.EQ,
+                value=base_pb2.RuntimeUInt32(default_value=status, runtime_key=f"stoa.status_{status}"),
+            )
+        )
+    )
+
+
 def _status_and_flag(status: int, flag: str) -> accesslog_pb2.AccessLogFilter:
     return accesslog_pb2.AccessLogFilter(
         and_filter=accesslog_pb2.AndFilter(
             filters=[
-                accesslog_pb2.AccessLogFilter(
-                    status_code_filter=accesslog_pb2.StatusCodeFilter(
-                        comparison=accesslog_pb2.ComparisonFilter(
-                            op=accesslog_pb2.ComparisonFilter.EQ,
-                            value=base_pb2.RuntimeUInt32(
-                                default_value=status, runtime_key=f"stoa.status_{status}"
-                            ),
-                        )
-                    )
-                ),
+                _status(status),
                 accesslog_pb2.AccessLogFilter(
                     response_flag_filter=accesslog_pb2.ResponseFlagFilter(flags=[flag])
                 ),
@@ -174,6 +176,10 @@ def _local_replies() -> hcm.LocalReplyConfig:
     """ext_authz failing (unreachable, timeout, error) is a local 503 flagged UAEX: answer it with the
     neutral body of a 403 (stoa_proto.bodies, shared with the authorization service) and a bounded
     Retry-After. A 503 the service itself returns carries the same neutral body.
+
+    The first matching mapper wins: the authorization service's own 403 (flagged UAEX) passes as it
+    is; any other local 403 — an address denied by rbac, which carries no response flag — gets the
+    same neutral body instead of Envoy's text naming the filter.
     """
     return hcm.LocalReplyConfig(
         mappers=[
@@ -189,5 +195,7 @@ def _local_replies() -> hcm.LocalReplyConfig:
                 ],
                 **_json_body(503),  # type: ignore[arg-type]
             ),
+            hcm.ResponseMapper(filter=_status_and_flag(403, "UAEX")),
+            hcm.ResponseMapper(filter=_status(403), **_json_body(403)),  # type: ignore[arg-type]
         ]
     )
