@@ -107,6 +107,7 @@ class Site(Lifecycle):
         self.envoy_admin_port = free_port()
         self.authz_http_port = free_port()
         self.authz_grpc_port = free_port()
+        self.link_http_port = free_port()
         self.witness: CheckWitness | None = None
         self.authz: SupervisedProcess | None = None
         self.link: SupervisedProcess | None = None
@@ -143,6 +144,7 @@ class Site(Lifecycle):
             "STOA_LINK_STATE_DIR": str(self.run_dir / "link-state"),
             "STOA_LINK_ENVOY_ADMIN_PORT": str(self.envoy_admin_port),
             "STOA_LINK_ENV": "development",
+            "STOA_LINK_HTTP_ADDRESS": f"127.0.0.1:{self.link_http_port}",
             # The first publication's deadline also covers Envoy and stoa-authz starting and
             # connecting; 10 s (the default) is not enough on a loaded 2-core machine. It only
             # bounds a failure: an ACK or NACK ends the wait as soon as it arrives.
@@ -162,6 +164,11 @@ class Site(Lifecycle):
             "STOA_ENV": "development",
             **self.extra_authz_env,
         }
+
+    @property
+    def link_http_url(self) -> str:
+        """The Link's operator endpoint (/health/live, /health/ready, /metrics)."""
+        return f"http://127.0.0.1:{self.link_http_port}"
 
     @property
     def authz_http_url(self) -> str:
@@ -317,6 +324,10 @@ class Estate(Lifecycle):
     def link(self) -> SupervisedProcess:
         assert self._site.link is not None
         return self._site.link
+
+    @property
+    def link_http_url(self) -> str:
+        return self._site.link_http_url
 
     def url(self, path: str) -> str:
         """A URL on the gateway's listener (the real Envoy)."""

@@ -40,6 +40,27 @@ def test_published_api_reaches_the_upstream_with_the_right_path(estate: Estate) 
     assert [(a.method, a.path) for a in arrivals] == [("GET", "/base/orders/42")]
 
 
+def test_once_synced_the_link_is_ready_and_reports_the_desired_generation_applied(estate: Estate) -> None:
+    generation = estate.publish("pub-ops", upstream_url=f"{estate.upstream.url}/ops", methods=["GET"])
+    status = estate.wait_synced(generation)
+
+    ready = httpx.get(f"{estate.link_http_url}/health/ready", timeout=10)
+    scraped = httpx.get(f"{estate.link_http_url}/metrics", timeout=10)
+
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["generation"] == int(status["desired_generation"])
+    assert scraped.status_code == 200
+    values = {
+        name: float(value)
+        for name, _, value in (line.partition(" ") for line in scraped.text.splitlines())
+        if name and not name.startswith("#")
+    }
+    assert values["stoa_link_applied_generation"] == int(status["desired_generation"])
+    assert values["stoa_link_desired_generation_seen"] == int(status["desired_generation"])
+    assert values["stoa_link_cp_connected"] == 1
+    assert values["stoa_link_routes"] == estate.envoy.route_count()
+
+
 def test_a_method_not_allowed_is_not_routed(estate: Estate) -> None:
     up = estate.upstream
     generation = estate.publish("pub-get-only", upstream_url=f"{up.url}/get-only", methods=["GET"])

@@ -15,7 +15,7 @@ import hashlib
 import itertools
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,6 +196,7 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._nonces = itertools.count(1)
         self._seq = itertools.count(1)
         self.events: deque[AdsEvent] = deque(maxlen=50_000)
+        self.nacks: Counter[str] = Counter()  # by type URL, for /metrics (the event log is bounded)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -238,6 +239,11 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def served_version(self, type_url: str) -> str | None:
         served = self._served.get(type_url)
         return served.version if served else None
+
+    @property
+    def identities(self) -> tuple[str, ...]:
+        """The client identities every publication waits for."""
+        return tuple(self._allowed)
 
     def connected(self, identity: str) -> int:
         return sum(1 for s in self._streams.values() if s.identity == identity)
@@ -547,6 +553,7 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             return None  # about an older push; the answer to the latest one is still to come
         if request.HasField("error_detail"):
             state.nack_detail = request.error_detail.message or f"NACK (code {request.error_detail.code})"
+            self.nacks[type_url] += 1
             self._record(
                 "nack",
                 stream.identity,

@@ -20,6 +20,7 @@ from stoa_proto import inventory_pb2
 from stoa_link import guard
 from stoa_link.ads import AdsServer, elapsed_ms
 from stoa_link.cp_client import CpClient, Delivery, InvalidInventory
+from stoa_link.metrics import PublicationStats
 from stoa_link.reporter import Reporter
 from stoa_link.snapshot import Snapshot
 
@@ -112,6 +113,7 @@ class Agent:
                 f"this Link serves {gateway_id!r}: "
                 "point STOA_LINK_STATE_DIR at this gateway's own directory"
             )
+        self.stats = PublicationStats()
         self._latest: Delivery | None = None
         self._latest_document: str | None = None
         self._arrived = asyncio.Event()
@@ -123,6 +125,7 @@ class Agent:
     def offer(self, delivery: Delivery, document: str | None = None) -> None:
         """Hand a delivery to the worker (with the JSON document it was parsed from, when known); an
         older one not yet started is dropped for it."""
+        self.stats.desired_generation_seen = max(self.stats.desired_generation_seen, delivery.generation)
         if self._latest is not None:
             log.info(
                 "inventory_coalesced",
@@ -274,6 +277,11 @@ class Agent:
                 }
             },
         )
+        failed = report.status != inventory_pb2.SYNCED
+        reason = FailureReason.Name(report.reason) if failed else "none"
+        self.stats.reports["failed" if failed else "synced", reason] += 1
+        if timings and "total_ms" in timings:
+            self.stats.publish_seconds.observe(timings["total_ms"] / 1000)
         self.reporter.submit(report)
         return report
 

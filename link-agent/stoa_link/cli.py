@@ -15,8 +15,10 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from stoa_link import bootstrap, certs
-from stoa_link.settings import LinkSettings
+from stoa_link.settings import LinkSettings, is_loopback
 from stoa_link.snapshot import ENVOY_TYPES, SITE_SERVICE_TYPES
+
+log = logging.getLogger("stoa_link.cli")
 
 
 class JsonLines(logging.Formatter):
@@ -62,12 +64,15 @@ def _run(settings: LinkSettings) -> None:
     from stoa_link.ads import AdsServer, TlsMaterial
     from stoa_link.agent import Agent, InventoryStore, run_agent
     from stoa_link.cp_client import CpClient
+    from stoa_link.health import HttpEndpoints
+    from stoa_link.metrics import link_families
     from stoa_link.reporter import Reporter
     from stoa_link.translate import TranslateOptions, translate
 
     try:
         settings.require_run_settings()
         tls = TlsMaterial.server_from_dir(settings.tls_dir)
+        http_endpoint = settings.http_endpoint
         options = TranslateOptions(
             listener_address=settings.listener_address,
             listener_port=settings.listener_port,
@@ -93,12 +98,30 @@ def _run(settings: LinkSettings) -> None:
         agent = Agent(settings.gateway_id, ads, reporter, lambda inv: translate(inv, options), store)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
+    endpoints = HttpEndpoints(ads, lambda: link_families(agent.stats, ads, cp.stream_open))
 
     async def main() -> None:
         try:
             await ads.start()
         except (OSError, RuntimeError) as exc:
             raise StartupError(f"cannot start the ADS server on {settings.ads_address}: {exc}") from None
+        http: asyncio.Server | None = None
+        if http_endpoint is not None:
+            host, port = http_endpoint
+            if not is_loopback(host):
+                log.warning(
+                    "http_not_loopback",
+                    extra={"fields": {"address": settings.http_address, "note": "metrics readable off-host"}},
+                )
+            try:
+                http = await endpoints.start(host, port)
+            except OSError as exc:
+                await ads.stop()
+                raise StartupError(
+                    f"cannot start the HTTP endpoint on {settings.http_address}: {exc}"
+                ) from None
+            bound = http.sockets[0].getsockname()
+            log.info("http_listening", extra={"fields": {"address": f"{bound[0]}:{bound[1]}"}})
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -106,6 +129,9 @@ def _run(settings: LinkSettings) -> None:
         try:
             await run_agent(agent, cp)
         finally:
+            if http is not None:
+                http.close()
+                await http.wait_closed()
             await ads.stop()
             await cp.aclose()
             await reporter.aclose()

@@ -232,6 +232,8 @@ class CpClient:
         self.last_event_id: int | None = None
         # The JSON document of the latest delivery yielded (the Link persists it as received).
         self.last_document: str | None = None
+        # True while the event stream is open (answered 200 and not yet lost), for /metrics.
+        self.stream_open = False
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -254,6 +256,7 @@ class CpClient:
                     body = (await source.response.aread()).decode(errors="replace")[:300]
                     raise CpUnavailable(f"GET /events answered {source.response.status_code}: {body}")
                 self.backoff.reset()
+                self.stream_open = True
                 log.info("cp_stream_open", extra={"fields": {"last_event_id": self.last_event_id}})
                 async for event in source.aiter_sse():
                     if event.event != "inventory":
@@ -267,6 +270,8 @@ class CpClient:
                     yield delivery
         except httpx.HTTPError as exc:
             raise CpUnavailable(f"GET /events: {exc!r}") from exc
+        finally:
+            self.stream_open = False
         raise CpUnavailable("the CP closed the event stream")
 
     async def deliveries(self) -> AsyncIterator[Delivery]:

@@ -10,32 +10,41 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-def loopback_endpoint(address: str) -> tuple[str, int]:
-    """Split `host:port` (or `[::1]:port`) and insist on a loopback IP literal.
-
-    The ADS server hands out the whole site's configuration; it must never be reachable from
-    another machine, so anything but 127.0.0.0/8 or ::1 is refused.
-    """
+def ip_endpoint(address: str, what: str, example: str, host_kind: str = "an IP literal") -> tuple[str, int]:
+    """Split `host:port` (or `[::1]:port`) whose host is an IP literal; `what` names it in errors."""
     host, sep, port_text = address.rpartition(":")
     if not sep or not host or not port_text.isdigit():
-        raise ValueError(f"ADS address {address!r} is not host:port (for example 127.0.0.1:18000)")
+        raise ValueError(f"{what} {address!r} is not host:port (for example {example})")
     host = host.removeprefix("[").removesuffix("]")
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
-        raise ValueError(
-            f"ADS address {address!r}: the host must be a loopback IP literal "
-            f"(127.0.0.1 or ::1), not {host!r}"
-        ) from None
-    if not ip.is_loopback:
+        raise ValueError(f"{what} {address!r}: the host must be {host_kind}, not {host!r}") from None
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{what} {address!r}: port out of range")
+    return str(ip), port
+
+
+def is_loopback(host: str) -> bool:
+    return ipaddress.ip_address(host).is_loopback
+
+
+def loopback_endpoint(address: str) -> tuple[str, int]:
+    """Split an ADS `host:port` and insist on a loopback IP literal.
+
+    The ADS server hands out the whole site's configuration; it must never be reachable from
+    another machine, so anything but 127.0.0.0/8 or ::1 is refused.
+    """
+    host, port = ip_endpoint(
+        address, "ADS address", "127.0.0.1:18000", "a loopback IP literal (127.0.0.1 or ::1)"
+    )
+    if not is_loopback(host):
         raise ValueError(
             f"ADS address {address!r} is not a loopback address: the ADS server binds to 127.0.0.0/8 "
             "or ::1 only"
         )
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"ADS address {address!r}: port out of range")
-    return str(ip), port
+    return host, port
 
 
 class LinkSettings(BaseSettings):
@@ -57,11 +66,20 @@ class LinkSettings(BaseSettings):
     state_dir: Path = Path(".stoa/link-state")
     envoy_admin_port: int = Field(default=9901, ge=1, le=65535)
     env: Literal["development", "production"] = "development"
+    # Operator endpoint (/health/live, /health/ready, /metrics); empty disables it.
+    http_address: str = "127.0.0.1:9902"
 
     @field_validator("ads_address")
     @classmethod
     def _loopback_only(cls, value: str) -> str:
         loopback_endpoint(value)
+        return value
+
+    @field_validator("http_address")
+    @classmethod
+    def _http_endpoint(cls, value: str) -> str:
+        if value:
+            ip_endpoint(value, "HTTP address", "127.0.0.1:9902")
         return value
 
     @field_validator("envoy_san", "authz_san")
@@ -81,6 +99,11 @@ class LinkSettings(BaseSettings):
     @property
     def ads_endpoint(self) -> tuple[str, int]:
         return loopback_endpoint(self.ads_address)
+
+    @property
+    def http_endpoint(self) -> tuple[str, int] | None:
+        """Where the operator endpoint listens, or None when disabled."""
+        return ip_endpoint(self.http_address, "HTTP address", "127.0.0.1:9902") if self.http_address else None
 
     def require_run_settings(self) -> None:
         """`run` needs to reach the CP as its gateway; `bootstrap` and `certs` do not."""

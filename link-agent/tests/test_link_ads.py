@@ -15,6 +15,7 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.rpc import status_pb2
 from stoa_link import certs
 from stoa_link.ads import AdsServer, TlsMaterial, _identity
+from stoa_link.health import readiness
 from stoa_link.snapshot import (
     AUTHZ_POLICY_SET,
     CLUSTER,
@@ -177,6 +178,33 @@ async def test_nack_restores_previous_snapshot_on_every_type(tls_dir: Path, serv
         assert server.served_version(type_url) == first.version
     assert authz.versions(AUTHZ_POLICY_SET)[-1] == first.version
     assert server.acked_snapshot is first
+    await envoy.close()
+    await authz.close()
+
+
+async def test_ready_only_once_every_required_client_acknowledged_a_snapshot(
+    tls_dir: Path, server: AdsServer
+) -> None:
+    assert readiness(server)["status"] == "not_ready"
+    assert readiness(server)["reason"] == f"waiting for ADS clients: {ENVOY}, {AUTHZ}"
+    envoy = await connected(tls_dir, server, "envoy-client", CLUSTER, LISTENER, ROUTE)
+    assert readiness(server)["reason"] == f"waiting for ADS clients: {AUTHZ}"
+    authz = await connected(tls_dir, server, "authz-client", AUTHZ_POLICY_SET)
+    refused = snapshot(1, ["a"])
+    envoy.nack[ROUTE] = refused.version
+
+    assert not (await server.publish(refused)).acked
+
+    state = readiness(server)
+    assert state["status"] == "not_ready"
+    assert state["reason"] == "no snapshot acknowledged by every required client yet"
+    assert state["clients"] == {ENVOY: 1, AUTHZ: 1}
+    assert server.nacks == {ROUTE: 1}
+    good = snapshot(2, ["a"])
+    assert (await server.publish(good)).acked
+    state = readiness(server)
+    assert state["status"] == "ready"
+    assert (state["generation"], state["version"]) == (2, good.version)
     await envoy.close()
     await authz.close()
 

@@ -1,10 +1,12 @@
 """Footprint with 5,000 routes: the Link's resident memory and CPU at rest (SYNCED, no changes), and
-the number of metric series exposed (Envoy's /stats/prometheus sample lines; the Link exposes none)."""
+the number of metric series exposed (sample lines of Envoy's /stats/prometheus and the Link's /metrics)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
+
+import httpx
 
 from stoa_harness.bench.rig import Rig, cpu_seconds, rss_mib, session_pids
 
@@ -22,7 +24,9 @@ def run(rig: Rig, *, window_s: float) -> dict[str, Any]:
     time.sleep(window_s)  # the measurement window itself, not a wait for a condition
     after = cpu_seconds(pids)
     envoy_series = series(estate.envoy.admin_get("/stats/prometheus").text)
-    link_series = 0  # the Link serves no metrics endpoint (nothing to scrape)
+    link_metrics = httpx.get(f"{estate.link_http_url}/metrics", timeout=10.0)
+    link_metrics.raise_for_status()
+    link_series = series(link_metrics.text)
     return {
         "link_rss_mib_5000": sum(rss_mib(p) for p in pids),
         "link_cpu_percent_at_rest_5000": (after.seconds - before.seconds) / (after.at - before.at) * 100,

@@ -1,0 +1,201 @@
+"""The Link's operator endpoint: the Prometheus text it writes and the HTTP answers, over a real socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from envoy.config.route.v3 import route_components_pb2 as rc
+from envoy.config.route.v3 import route_pb2
+from stoa_link.ads import AdsServer, TlsMaterial
+from stoa_link.agent import Agent, InventoryStore
+from stoa_link.health import HttpEndpoints
+from stoa_link.metrics import (
+    CONTENT_TYPE,
+    Family,
+    Histogram,
+    PublicationStats,
+    exposition,
+    histogram_samples,
+    link_families,
+    route_count,
+)
+from stoa_link.settings import LinkSettings
+from stoa_link.snapshot import ENVOY_TYPES, ROUTE, SITE_SERVICE_TYPES, Snapshot
+from stoa_proto import inventory_pb2
+
+ENVOY = "spiffe://stoa.local/envoy"
+AUTHZ = "spiffe://stoa.local/ext-authz"
+
+
+def unstarted_ads() -> AdsServer:
+    return AdsServer(
+        "127.0.0.1:0", TlsMaterial(b"", b"", b""), {ENVOY: ENVOY_TYPES, AUTHZ: SITE_SERVICE_TYPES}
+    )
+
+
+def samples(text: str) -> dict[str, float]:
+    """`name{labels}` → value, for every sample line."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def test_exposition_writes_help_type_and_escaped_labels() -> None:
+    text = exposition(
+        [
+            Family("a_total", "counter", "things", [("", {"k": 'x"y\\z\nw'}, 3)]),
+            Family("b", "gauge", "level", [("", {}, 0.25)]),
+        ]
+    )
+
+    assert text == (
+        "# HELP a_total things\n"
+        "# TYPE a_total counter\n"
+        'a_total{k="x\\"y\\\\z\\nw"} 3\n'
+        "# HELP b level\n"
+        "# TYPE b gauge\n"
+        "b 0.25\n"
+    )
+
+
+def test_histogram_buckets_are_cumulative_and_end_with_inf() -> None:
+    histogram = Histogram(bounds=(0.1, 1.0))
+    for value in (0.05, 0.5, 0.7, 3.0):
+        histogram.observe(value)
+
+    text = exposition([Family("h_seconds", "histogram", "t", histogram_samples(histogram))])
+
+    got = samples(text)
+    assert got['h_seconds_bucket{le="0.1"}'] == 1
+    assert got['h_seconds_bucket{le="1"}'] == 3
+    assert got['h_seconds_bucket{le="+Inf"}'] == 4
+    assert got["h_seconds_count"] == 4
+    assert got["h_seconds_sum"] == pytest.approx(4.25)
+
+
+def test_link_series_before_anything_happened() -> None:
+    got = samples(exposition(link_families(PublicationStats(), unstarted_ads(), cp_connected=False)))
+
+    assert got["stoa_link_applied_generation"] == 0
+    assert got["stoa_link_desired_generation_seen"] == 0
+    assert got["stoa_link_routes"] == 0
+    assert got["stoa_link_cp_connected"] == 0
+    assert got[f'stoa_link_ads_clients{{identity="{ENVOY}"}}'] == 0
+    assert got[f'stoa_link_ads_clients{{identity="{AUTHZ}"}}'] == 0
+    assert got["stoa_link_publish_seconds_count"] == 0
+    assert not any(k.startswith(("stoa_link_publications_total", "stoa_link_nacks_total")) for k in got)
+
+
+class _Reports:
+    def submit(self, report: inventory_pb2.SyncReport) -> None:
+        pass
+
+
+def test_agent_reports_are_counted_by_outcome_and_reason(tmp_path) -> None:
+    agent = Agent("gw", unstarted_ads(), _Reports(), lambda inv: None, InventoryStore(tmp_path))  # type: ignore[arg-type]
+    agent.offer(inventory_pb2.Inventory(gateway_id="gw", generation=7))
+    agent._report(inventory_pb2.SyncReport(generation=7, status=inventory_pb2.SYNCED), {"total_ms": 120.0})
+    agent._report(
+        inventory_pb2.SyncReport(generation=8, status=inventory_pb2.FAILED, reason=inventory_pb2.ROUTE_LOSS),
+        {"total_ms": 3.0},
+    )
+    agent._report(
+        inventory_pb2.SyncReport(generation=9, status=inventory_pb2.FAILED, reason=inventory_pb2.ROUTE_LOSS)
+    )
+
+    got = samples(exposition(link_families(agent.stats, agent.ads, cp_connected=True)))
+
+    assert got["stoa_link_desired_generation_seen"] == 7
+    assert got['stoa_link_publications_total{outcome="synced",reason="none"}'] == 1
+    assert got['stoa_link_publications_total{outcome="failed",reason="ROUTE_LOSS"}'] == 2
+    # Only reports that timed a delivery are observed (an invalid document has nothing to time).
+    assert got["stoa_link_publish_seconds_count"] == 2
+    assert got["stoa_link_publish_seconds_sum"] == pytest.approx(0.123)
+    assert got['stoa_link_publish_seconds_bucket{le="0.1"}'] == 1
+    assert got["stoa_link_cp_connected"] == 1
+
+
+def test_routes_are_counted_across_virtual_hosts_of_the_acknowledged_snapshot() -> None:
+    ads = unstarted_ads()
+    config = route_pb2.RouteConfiguration(
+        name="stoa-routes",
+        virtual_hosts=[
+            rc.VirtualHost(name="a", routes=[rc.Route(name="1"), rc.Route(name="2")]),
+            rc.VirtualHost(name="b", routes=[rc.Route(name="3")]),
+        ],
+    )
+    assert route_count(ads) == 0
+    ads._acked = Snapshot.build("gw", 3, {ROUTE: [config]})  # what publish() records after every ACK
+
+    assert route_count(ads) == 3
+
+
+@pytest.fixture
+async def endpoint() -> AsyncIterator[str]:
+    ads = unstarted_ads()
+    endpoints = HttpEndpoints(ads, lambda: link_families(PublicationStats(), ads, cp_connected=False))
+    server = await endpoints.start("127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.close()
+    await server.wait_closed()
+
+
+async def test_live_ready_metrics_over_http(endpoint: str) -> None:
+    async with httpx.AsyncClient(base_url=endpoint) as client:
+        live = await client.get("/health/live")
+        ready = await client.get("/health/ready")
+        scraped = await client.get("/metrics")
+        missing = await client.get("/nope")
+        posted = await client.post("/metrics")
+
+    assert live.status_code == 200
+    assert ready.status_code == 503
+    assert ready.json()["status"] == "not_ready"
+    assert ENVOY in ready.json()["reason"]
+    assert AUTHZ in ready.json()["reason"]
+    assert ready.json()["clients"] == {ENVOY: 0, AUTHZ: 0}
+    assert scraped.status_code == 200
+    assert scraped.headers["content-type"] == CONTENT_TYPE
+    assert "# TYPE stoa_link_publications_total counter" in scraped.text
+    assert samples(scraped.text)["stoa_link_applied_generation"] == 0
+    assert missing.status_code == 404
+    assert posted.status_code == 405
+
+
+async def test_a_garbled_request_gets_400(endpoint: str) -> None:
+    host, port = endpoint.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GARBAGE\r\n\r\n")
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"error": "bad_request"}
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [("127.0.0.1:9902", ("127.0.0.1", 9902)), ("0.0.0.0:9902", ("0.0.0.0", 9902)), ("", None)],
+)
+def test_http_address_setting(address: str, expected: tuple[str, int] | None) -> None:
+    assert LinkSettings(http_address=address).http_endpoint == expected
+
+
+@pytest.mark.parametrize("address", ["localhost:9902", "127.0.0.1", "127.0.0.1:99999"])
+def test_bad_http_address_is_refused(address: str) -> None:
+    with pytest.raises(ValueError, match="HTTP address"):
+        LinkSettings(http_address=address)
+
+
+def test_http_address_defaults_to_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STOA_LINK_HTTP_ADDRESS", raising=False)
+    assert LinkSettings().http_endpoint == ("127.0.0.1", 9902)
