@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -16,22 +15,13 @@ import uvicorn
 from stoa_cp.app import create_app
 from stoa_cp.settings import Settings
 from stoa_harness.postgres import EmbeddedPostgres
+from stoa_harness.wait import GiveUp, wait_until_async
 
 ADMIN_TOKEN = "test-admin-token"
 
 
 def uid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-async def wait_for(predicate: Callable[[], Awaitable[bool]], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        if await predicate():
-            return
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture(scope="session")
@@ -75,12 +65,12 @@ async def start_cp(dsn: str, **overrides: object) -> RunningCP:
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
 
-    async def started() -> bool:
+    def started() -> bool:
         if task.done():
-            task.result()  # surfaces a start-up failure
+            raise GiveUp(f"the CP stopped during start-up: {task.exception()!r}")
         return server.started
 
-    await wait_for(started, 30, "the CP to start")
+    await wait_until_async(started, 30, "the CP to start")
     return RunningCP(f"http://127.0.0.1:{port}", dsn, settings, server, task)
 
 
@@ -120,7 +110,7 @@ class Api:
         self.cp = cp
         self.admin = admin
         self.uid = uid
-        self.wait_for = wait_for
+        self.wait_for = wait_until_async
 
     async def tenant(self) -> str:
         tenant_id = uid("t")

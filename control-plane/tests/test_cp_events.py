@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ import asyncpg
 import httpx
 import pytest
 from stoa_cp.events import LISTENER_NAME
+from stoa_harness.wait import GiveUp, wait_until_async
 
 
 @dataclass
@@ -209,15 +209,14 @@ def _start_cp_process(dsn: str) -> tuple[subprocess.Popen[bytes], str]:
 
 
 async def _wait_ready(proc: subprocess.Popen[bytes], url: str) -> None:
-    deadline = time.monotonic() + 30
     async with httpx.AsyncClient(base_url=url, timeout=2) as client:
-        while True:
-            assert proc.poll() is None, "CP process exited during start-up"
-            with contextlib.suppress(httpx.TransportError):
-                if (await client.get("/health/ready")).status_code == 200:
-                    return
-            assert time.monotonic() < deadline, f"CP at {url} not ready"
-            await asyncio.sleep(0.1)
+
+        async def ready() -> bool:
+            if proc.poll() is not None:
+                raise GiveUp("CP process exited during start-up")
+            return (await client.get("/health/ready")).status_code == 200
+
+        await wait_until_async(ready, 30, f"the CP at {url} to be ready")
 
 
 @pytest.fixture

@@ -38,6 +38,7 @@ from stoa_harness.bench.rig import cpu_seconds, session_pids
 from stoa_harness.idp import DevIdentityProvider
 from stoa_harness.ports import free_port
 from stoa_harness.processes import stop_group
+from stoa_harness.wait import GiveUp, WaitTimeout, wait_until_async
 from stoa_proto import authz_pb2, inventory_pb2
 
 AUDIENCE = "stoa-bench"
@@ -174,18 +175,18 @@ async def main() -> None:
         [sys.executable, "-m", "stoa_authz"], env=env, stderr=log, start_new_session=True
     )
     try:
-        deadline = time.monotonic() + 30
         async with httpx.AsyncClient() as client:
-            while True:
-                try:
-                    ready = await client.get(f"http://127.0.0.1:{http_port}/health/ready")
-                    if ready.status_code == 200 and ads.acks >= args.workers:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or service.poll() is not None:
-                    raise SystemExit(f"stoa-authz did not become ready; log: {log.name}")
-                await asyncio.sleep(0.05)
+
+            async def ready() -> bool:
+                if service.poll() is not None:
+                    raise GiveUp(f"stoa-authz exited; log: {log.name}")
+                answer = await client.get(f"http://127.0.0.1:{http_port}/health/ready")
+                return answer.status_code == 200 and ads.acks >= args.workers
+
+            try:
+                await wait_until_async(ready, 30, "stoa-authz ready with every worker's ACK")
+            except (GiveUp, WaitTimeout) as exc:
+                raise SystemExit(f"stoa-authz did not become ready ({exc}); log: {log.name}") from None
 
         token = idp.mint(tenant="acme", scope="orders:read", sub="bench-client")
         scenarios = {

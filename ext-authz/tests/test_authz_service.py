@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -24,22 +23,9 @@ from joserfc.jwk import import_key
 from stoa_authz.ads import TYPE_URL
 from stoa_harness.ports import free_port
 from stoa_harness.processes import stop_group
+from stoa_harness.wait import wait_until_async
 
 AUD = "stoa-test"
-
-
-async def eventually(predicate, what: str = "condition", within: float = 10.0):
-    deadline = time.monotonic() + within
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            value = await predicate()
-            if value:
-                return value
-        except Exception as exc:  # not up yet
-            last = exc
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
 
 
 class PushAds(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -164,7 +150,7 @@ async def test_not_ready_until_policy_set_then_allows(ads_server, services, idp,
     async def not_ready():
         return (await service.ready()).status_code == 503 and await service.health() == not_serving
 
-    await eventually(not_ready, what="service up and not ready")
+    await wait_until_async(not_ready, 10, "service up and not ready")
     token = idp.mint(tenant="acme", scope="orders:read", sub="subject-zx81")
     headers = {"authorization": f"Bearer {token}", "x-stoa-tenant-id": "forged"}
     assert (await service.check(req(headers))).denied_response.status.code == 503
@@ -174,12 +160,12 @@ async def test_not_ready_until_policy_set_then_allows(ads_server, services, idp,
     async def both_acked():
         return len(fake.acked_nodes()) == 2
 
-    await eventually(both_acked, what="both workers ACK the policy set")
+    await wait_until_async(both_acked, 10, "both workers ACK the policy set")
 
     async def ready():
         return (await service.ready()).status_code == 200 and await service.health() == serving
 
-    await eventually(ready, what="ready after the policy set (every worker)")
+    await wait_until_async(ready, 10, "ready after the policy set (every worker)")
     # Every worker has the set (the port is shared): a run of Checks all allow.
     for _ in range(8):
         response = await service.check(req(headers))
@@ -217,7 +203,7 @@ async def test_no_audience_denies_and_is_never_ready(ads_server, services, idp, 
     async def acked():
         return bool(fake.acked_nodes())
 
-    await eventually(acked, what="policy set ACKed")
+    await wait_until_async(acked, 10, "policy set ACKed")
     assert (await service.ready()).status_code == 503
     assert await service.health() == health_pb2.HealthCheckResponse.NOT_SERVING
     token = idp.mint(tenant="acme", scope="orders:read")

@@ -13,6 +13,7 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.rpc import status_pb2
+from stoa_harness.wait import wait_until_async
 from stoa_link import certs
 from stoa_link.ads import AdsServer, TlsMaterial, _identity
 from stoa_link.health import readiness
@@ -127,14 +128,8 @@ async def connected(tls_dir: Path, ads: AdsServer, cert: str, *types: str) -> Cl
     client = Client(tls_dir, ads.port, cert)
     client.subscribe(*types)
     identity = ENVOY if cert == "envoy-client" else AUTHZ
-    await asyncio.wait_for(_until(lambda: ads.connected(identity) > 0), 5)
+    await wait_until_async(lambda: ads.connected(identity) > 0, 5, "the client to connect")
     return client
-
-
-async def _until(predicate) -> None:
-    # Always awaited under asyncio.wait_for, which sets the deadline.
-    while not predicate():  # noqa: ASYNC110
-        await asyncio.sleep(0.01)
 
 
 async def test_publish_waits_for_both_clients_then_serves_policy_set_before_envoy_types(
@@ -173,7 +168,9 @@ async def test_nack_restores_previous_snapshot_on_every_type(tls_dir: Path, serv
     assert result.failed_type == ROUTE
     assert result.detail == f"bad {second.version}"
     # The last acknowledged snapshot was put back on every type, on every stream.
-    await asyncio.wait_for(_until(lambda: envoy.versions(ROUTE)[-1] == first.version), 5)
+    await wait_until_async(
+        lambda: envoy.versions(ROUTE)[-1] == first.version, 5, "the first version back on RDS"
+    )
     for type_url in (CLUSTER, LISTENER, ROUTE):
         assert server.served_version(type_url) == first.version
     assert authz.versions(AUTHZ_POLICY_SET)[-1] == first.version
@@ -293,7 +290,9 @@ async def test_cluster_removal_waits_for_route_ack_and_late_client_gets_current(
     removal = [e.seq for e in events if e.kind == "send" and e.type_url == CLUSTER][-1]
     assert rds_ack < removal
     late = await connected(tls_dir, server, "envoy-client", CLUSTER, LISTENER)
-    await asyncio.wait_for(_until(lambda: late.versions(LISTENER) == [second.version]), 5)
+    await wait_until_async(
+        lambda: late.versions(LISTENER) == [second.version], 5, "the late client to get the version"
+    )
     assert late.versions(CLUSTER) == [second.version]
     for client in (envoy, authz, late):
         await client.close()
