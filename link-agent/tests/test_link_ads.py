@@ -15,7 +15,7 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.rpc import status_pb2
 from stoa_harness.wait import wait_until_async
 from stoa_link import certs
-from stoa_link.ads import AdsServer, TlsMaterial, _identity
+from stoa_link.ads import AdsServer, TlsMaterial, peer_identity
 from stoa_link.health import readiness
 from stoa_link.snapshot import (
     AUTHZ_POLICY_SET,
@@ -319,7 +319,7 @@ def test_tls_files_missing_is_a_clear_error(tmp_path: Path) -> None:
 
 
 class _Context:
-    """Just the part of a grpc ServicerContext `_identity` reads."""
+    """Just the part of a grpc ServicerContext `peer_identity` reads."""
 
     def __init__(self, auth: dict[str, list[bytes]]) -> None:
         self._auth = auth
@@ -348,6 +348,6 @@ class _Context:
     ],
 )
 def test_identity_needs_tls_1_3_and_a_single_uri_san(auth, identity, why) -> None:
-    found, reason = _identity(_Context(auth))  # type: ignore[arg-type]
+    found, reason = peer_identity(_Context(auth))  # type: ignore[arg-type]
     assert found == identity
     assert why in reason

@@ -132,7 +132,7 @@ def test_routes_are_counted_across_virtual_hosts_of_the_acknowledged_snapshot() 
         ],
     )
     assert route_count(ads) == 0
-    ads._acked = Snapshot.build("gw", 3, {ROUTE: [config]})  # what publish() records after every ACK
+    ads._publisher.acked = Snapshot.build("gw", 3, {ROUTE: [config]})
 
     assert route_count(ads) == 3
 

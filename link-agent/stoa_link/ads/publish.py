@@ -1,0 +1,185 @@
+"""Publication order: how a snapshot reaches every client, and how a failed one is taken back.
+
+1. Each site service's policy set, and its ACK: a route must never reach Envoy before the policy
+   set it was built with is in force.
+2. Envoy's types together: clusters as the union of those served so far and the new ones, the
+   listener, the route configurations; their ACKs.
+3. The new clusters alone, once the routes that stopped using the others are acknowledged.
+
+A NACK or a missed ACK deadline fails the publication, and the last acknowledged snapshot is put
+back everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from stoa_link.ads.stream import Streams, short
+from stoa_link.snapshot import (
+    CLUSTER,
+    ENVOY_TYPES,
+    LISTENER,
+    ROUTE,
+    SITE_SERVICE_TYPES,
+    Snapshot,
+    resource_name,
+)
+
+log = logging.getLogger("stoa_link.ads")
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    acked: bool
+    version: str
+    # On failure: "NACK" or "ACK_TIMEOUT", the type that failed and Envoy's (or the client's) error detail.
+    reason: str = ""
+    failed_type: str = ""
+    detail: str = ""
+    # Milliseconds per stage (packing, each ACK wait), for the Link's logs.
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+
+def elapsed_ms(since: float) -> float:
+    """Milliseconds since `since` (a `time.perf_counter()` reading), for stage timings in logs."""
+    return round((time.perf_counter() - since) * 1000, 2)
+
+
+class Publisher:
+    """Publishes snapshots through `streams` to every identity of `allowed` (identity → type URLs)."""
+
+    def __init__(self, streams: Streams, allowed: Mapping[str, frozenset[str]], ack_timeout_s: float) -> None:
+        self._streams = streams
+        self._allowed = allowed
+        self.ack_timeout_s = ack_timeout_s
+        self.acked: Snapshot | None = None
+        self._lock = asyncio.Lock()
+
+    async def wait_for_clients(self) -> None:
+        while not all(self._streams.connected(i) for i in self._allowed):
+            await self._streams.next_change(None)
+
+    async def publish(self, snapshot: Snapshot) -> PublishResult:
+        """Serve `snapshot` to every client; SYNCED-worthy only when every client ACKed every type."""
+        async with self._lock:
+            started = time.perf_counter()
+            await self.wait_for_clients()
+            timings: dict[str, float] = {"clients_ms": elapsed_ms(started)}
+            result = await self._apply(snapshot, timings)
+            timings["publish_ms"] = elapsed_ms(started)
+            result = dataclasses.replace(result, timings=timings)
+            if result.acked:
+                self.acked = snapshot
+                log.info(
+                    "ads_published",
+                    extra={"fields": {"version": snapshot.version, "generation": snapshot.generation}},
+                )
+                return result
+            log.warning(
+                "ads_publish_failed",
+                extra={
+                    "fields": {
+                        "version": snapshot.version,
+                        "reason": result.reason,
+                        "type": short(result.failed_type),
+                        "detail": result.detail,
+                    }
+                },
+            )
+            await self._restore()
+            return result
+
+    async def _restore(self) -> None:
+        if self.acked is None:
+            # Nothing was ever acknowledged: stop offering the refused content to clients that connect.
+            self._streams.withdraw()
+            return
+        back = await self._apply(self.acked, {})
+        if not back.acked:
+            log.error(
+                "ads_restore_failed",
+                extra={
+                    "fields": {
+                        "version": self.acked.version,
+                        "reason": back.reason,
+                        "type": short(back.failed_type),
+                        "detail": back.detail,
+                    }
+                },
+            )
+
+    def _readers(self, types: Iterable[str]) -> list[str]:
+        wanted = set(types)
+        return [san for san, allowed in self._allowed.items() if allowed & wanted]
+
+    async def _apply(self, snapshot: Snapshot, timings: dict[str, float]) -> PublishResult:
+        streams, version = self._streams, snapshot.version
+        # Site services first: a route must never reach Envoy before its policy set is in force.
+        for type_url in SITE_SERVICE_TYPES:
+            readers = self._readers([type_url])
+            if not readers or type_url not in snapshot.resources:
+                continue
+            mark = time.perf_counter()
+            digest = streams.serve(type_url, version, snapshot.of(type_url))
+            timings[f"{short(type_url)}_serve_ms"] = elapsed_ms(mark)
+            failure = await self._wait_acked({type_url: digest}, readers, version)
+            timings[f"{short(type_url)}_ack_ms"] = elapsed_ms(mark)
+            if failure:
+                return failure
+        readers = self._readers(ENVOY_TYPES)
+        if not readers:
+            return PublishResult(True, version)
+        # Clusters leave only after the routes that stop using them are acknowledged: first serve
+        # the union of the clusters served so far and the new ones, then the new ones alone.
+        new_clusters = {resource_name(c): c for c in snapshot.of(CLUSTER)}
+        previous = streams.served(CLUSTER)
+        union = {resource_name(c): c for c in (previous.resources if previous else ())} | new_clusters
+        cds_version = version if union.keys() == new_clusters.keys() else f"{version}+{previous.version}"  # type: ignore[union-attr]
+        mark, pushed_at = time.perf_counter(), time.monotonic()
+        targets = {
+            CLUSTER: streams.serve(CLUSTER, cds_version, tuple(union[n] for n in sorted(union))),
+            LISTENER: streams.serve(LISTENER, version, snapshot.of(LISTENER)),
+            ROUTE: streams.serve(ROUTE, version, snapshot.of(ROUTE)),
+        }
+        timings["envoy_serve_ms"] = elapsed_ms(mark)
+        failure = await self._wait_acked(targets, readers, version)
+        timings["envoy_ack_ms"] = elapsed_ms(mark)
+        timings.update(streams.ack_times(targets, readers, since=pushed_at))
+        if failure:
+            return failure
+        if cds_version != version:
+            mark = time.perf_counter()
+            digest = streams.serve(CLUSTER, version, snapshot.of(CLUSTER))
+            failure = await self._wait_acked({CLUSTER: digest}, readers, version)
+            timings["cds_removal_ack_ms"] = elapsed_ms(mark)
+            if failure:
+                return failure
+        return PublishResult(True, version)
+
+    async def _wait_acked(
+        self, targets: Mapping[str, str], readers: list[str], version: str
+    ) -> PublishResult | None:
+        """None once every stream of every reader acknowledged each target (type URL → content
+        digest); a failure otherwise."""
+        deadline = time.monotonic() + self.ack_timeout_s
+        while True:
+            progress = self._streams.progress(targets, readers)
+            if progress.nack is not None:
+                return PublishResult(False, version, "NACK", *progress.nack)
+            if not progress.pending:
+                return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                detail = f"no ACK within {self.ack_timeout_s:g}s for: {', '.join(progress.pending)}"
+                first_type = next(iter(targets))
+                for type_url in targets:
+                    if any(short(type_url) in p for p in progress.pending):
+                        first_type = type_url
+                        break
+                return PublishResult(False, version, "ACK_TIMEOUT", first_type, detail)
+            await self._streams.next_change(remaining)

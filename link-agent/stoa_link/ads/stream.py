@@ -1,0 +1,345 @@
+"""The state-of-the-world xDS protocol, per client stream: subscriptions per type, what was pushed
+under which nonce, and which pushes each stream acknowledged or refused.
+
+`Streams` holds every open stream and the content currently served per type. It pushes content to
+the streams that subscribed to its type, answers a (re)subscription with what is served, and turns
+each request carrying a nonce into an ACK or a NACK of that push. It knows nothing of publication
+order; `publish` decides what to serve when and reads back the progress from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import grpc
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
+
+from stoa_link.snapshot import CLUSTER, LISTENER, ROUTE, SITE_SERVICE_TYPES, resource_name
+
+log = logging.getLogger("stoa_link.ads")
+
+SHORT_NAMES = {CLUSTER: "CDS", LISTENER: "LDS", ROUTE: "RDS"}
+
+
+def short(type_url: str) -> str:
+    return SHORT_NAMES.get(type_url, type_url.rsplit(".", 1)[-1])
+
+
+@dataclass(frozen=True)
+class AdsEvent:
+    """One thing the server did or saw; the record tests use to check ordering."""
+
+    seq: int
+    at: float
+    kind: str  # connect | disconnect | refuse | subscribe | send | ack | nack
+    identity: str = ""
+    type_url: str = ""
+    version: str = ""
+    nonce: str = ""
+    names: tuple[str, ...] = ()
+    detail: str = ""
+
+
+@dataclass
+class _TypeState:
+    subscribed: bool = False
+    names: frozenset[str] = frozenset()
+    sent_nonce: str = ""
+    sent_version: str | None = None
+    sent_digest: str = ""  # content of the latest push (see _pack)
+    acked_nonce: str = ""
+    nack_detail: str | None = None  # set when the latest push was refused
+    sent_at: float = 0.0  # monotonic time of the latest push, and of its ACK
+    acked_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Close:
+    code: grpc.StatusCode | None = None
+    message: str = ""
+
+
+@dataclass
+class _Stream:
+    sid: int
+    identity: str
+    allowed: frozenset[str]
+    queue: asyncio.Queue[discovery_pb2.DiscoveryResponse | _Close] = field(default_factory=asyncio.Queue)
+    types: dict[str, _TypeState] = field(default_factory=dict)
+    node_id: str = ""
+
+    def state(self, type_url: str) -> _TypeState:
+        return self.types.setdefault(type_url, _TypeState())
+
+
+@dataclass(frozen=True)
+class Served:
+    """The content served for one type: what a subscribing stream gets."""
+
+    version: str
+    resources: tuple[Message, ...]
+    packed: tuple[any_pb2.Any, ...]
+    digest: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the streams of some identities stand on some pushes (see `Streams.progress`)."""
+
+    nack: tuple[str, str] | None  # (type URL, the client's error detail) of a refused push
+    pending: list[str]  # what is still unacknowledged, readable ("RDS v1 from spiffe://…")
+
+
+def _pack(type_url: str, resources: Iterable[Message]) -> tuple[tuple[any_pb2.Any, ...], str]:
+    """The resources packed for a response, and the digest of their content.
+
+    One deterministic serialisation feeds both. A site service's policy set is identified by its
+    name and its own `version` (the hash of what the service decides on), not by the generation it
+    also carries: the service keeps the set it loaded for a known version anyway
+    (stoa_authz.policy.PolicyStore), so re-sending it for a new generation only costs a reload.
+    """
+    digest = hashlib.sha256()
+    packed = []
+    for res in resources:
+        body = res.SerializeToString(deterministic=True)
+        packed.append(any_pb2.Any(type_url=f"type.googleapis.com/{res.DESCRIPTOR.full_name}", value=body))
+        if type_url in SITE_SERVICE_TYPES and getattr(res, "version", ""):
+            body = f"{resource_name(res)}\n{res.version}".encode()  # type: ignore[attr-defined]
+        digest.update(len(body).to_bytes(8, "big"))
+        digest.update(body)
+    return tuple(packed), digest.hexdigest()
+
+
+class Streams:
+    """Every open ADS stream. `allowed` maps a client identity to the type URLs it may read."""
+
+    def __init__(self, allowed: Mapping[str, frozenset[str]]) -> None:
+        self._allowed = allowed
+        self._streams: dict[int, _Stream] = {}
+        self._served: dict[str, Served] = {}
+        self._changed = asyncio.Event()
+        self._sids = itertools.count(1)
+        self._nonces = itertools.count(1)
+        self._seq = itertools.count(1)
+        self.events: deque[AdsEvent] = deque(maxlen=50_000)
+        self.nacks: Counter[str] = Counter()  # by type URL, for /metrics (the event log is bounded)
+
+    # ---- what is served -----------------------------------------------------------------------
+
+    def served(self, type_url: str) -> Served | None:
+        return self._served.get(type_url)
+
+    def withdraw(self) -> None:
+        """Serve nothing: a client that connects from now on gets no configuration."""
+        self._served.clear()
+
+    def serve(self, type_url: str, version: str, resources: tuple[Message, ...]) -> str:
+        """Serve `resources` as `version` from now on; the digest of their content.
+
+        A subscribed stream whose latest push already carries this content (acknowledged or still
+        in flight, not refused) is not pushed again: state of the world allows leaving a type
+        alone, and a 10,000-route table or a large policy set costs its client a full reload. A
+        client connecting later gets `version`.
+        """
+        packed, digest = _pack(type_url, resources)
+        self._served[type_url] = Served(version, resources, packed, digest)
+        for stream in list(self._streams.values()):
+            state = stream.types.get(type_url)
+            if type_url in stream.allowed and state is not None and state.subscribed:
+                if state.sent_digest == digest and state.nack_detail is None:
+                    continue
+                self._send(stream, type_url)
+        return digest
+
+    def _send(self, stream: _Stream, type_url: str) -> None:
+        served = self._served[type_url]
+        nonce = str(next(self._nonces))
+        state = stream.state(type_url)
+        state.sent_nonce, state.sent_version, state.nack_detail = nonce, served.version, None
+        state.sent_digest = served.digest
+        state.sent_at = time.monotonic()
+        stream.queue.put_nowait(
+            discovery_pb2.DiscoveryResponse(
+                version_info=served.version, resources=served.packed, type_url=type_url, nonce=nonce
+            )
+        )
+        self.record(
+            "send",
+            stream.identity,
+            type_url,
+            served.version,
+            nonce,
+            tuple(resource_name(r) for r in served.resources),
+        )
+
+    # ---- progress of pushes ---------------------------------------------------------------------
+
+    def connected(self, identity: str) -> int:
+        return sum(1 for s in self._streams.values() if s.identity == identity)
+
+    def progress(self, targets: Mapping[str, str], readers: Iterable[str]) -> Progress:
+        """How every stream of every reader stands on each target (type URL → content digest, as
+        `serve` returned it): a refusal of one, or what is not yet acknowledged."""
+        pending: list[str] = []
+        for identity in readers:
+            streams = [s for s in self._streams.values() if s.identity == identity]
+            if not streams:
+                pending.append(f"{identity} (not connected)")
+            for stream in streams:
+                for type_url, want in targets.items():
+                    if type_url not in stream.allowed:
+                        continue
+                    state = stream.state(type_url)
+                    if state.sent_digest == want and state.nack_detail is not None:
+                        return Progress((type_url, state.nack_detail), [])
+                    if not (state.sent_digest == want and state.acked_nonce == state.sent_nonce):
+                        pending.append(f"{short(type_url)} {self._served[type_url].version} from {identity}")
+        return Progress(None, pending)
+
+    def ack_times(self, targets: Iterable[str], readers: Iterable[str], since: float) -> dict[str, float]:
+        """Per type pushed after `since` (monotonic), the slowest stream's push-to-ACK time (ms)."""
+        out: dict[str, float] = {}
+        wanted = set(readers)
+        for stream in self._streams.values():
+            if stream.identity not in wanted:
+                continue
+            for type_url in targets:
+                state = stream.types.get(type_url)
+                if state is not None and state.acked_nonce == state.sent_nonce and state.sent_at >= since:
+                    key = f"{short(type_url)}_push_to_ack_ms"
+                    out[key] = max(out.get(key, 0.0), round((state.acked_at - state.sent_at) * 1000, 2))
+        return out
+
+    async def next_change(self, wait_s: float | None) -> None:
+        """Until a stream connects, disconnects, subscribes, ACKs or NACKs (or `wait_s` passes)."""
+        event = self._changed
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), wait_s)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def event_log(self) -> list[AdsEvent]:
+        return list(self.events)
+
+    def record(
+        self,
+        kind: str,
+        identity: str = "",
+        type_url: str = "",
+        version: str = "",
+        nonce: str = "",
+        names: tuple[str, ...] = (),
+        detail: str = "",
+    ) -> None:
+        self.events.append(
+            AdsEvent(
+                next(self._seq), time.monotonic(), kind, identity, type_url, version, nonce, names, detail
+            )
+        )
+
+    # ---- one stream ----------------------------------------------------------------------------
+
+    def close_all(self) -> None:
+        for stream in list(self._streams.values()):
+            stream.queue.put_nowait(_Close())
+
+    async def run(
+        self,
+        identity: str,
+        request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """Serve one verified client's stream until it ends."""
+        stream = _Stream(next(self._sids), identity, self._allowed[identity])
+        self._streams[stream.sid] = stream
+        self.record("connect", identity)
+        log.info(
+            "ads_connected",
+            extra={"fields": {"identity": identity, "peer": context.peer(), "stream": stream.sid}},
+        )
+        self._notify()
+        reader = asyncio.create_task(self._read(stream, request_iterator))
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, _Close):
+                    if item.code is not None:
+                        await context.abort(item.code, item.message)
+                    return
+                await context.write(item)
+        finally:
+            reader.cancel()
+            del self._streams[stream.sid]
+            self.record("disconnect", identity)
+            log.info("ads_disconnected", extra={"fields": {"identity": identity, "stream": stream.sid}})
+            self._notify()
+
+    async def _read(self, stream: _Stream, requests: AsyncIterator[discovery_pb2.DiscoveryRequest]) -> None:
+        try:
+            async for request in requests:
+                refusal = self._on_request(stream, request)
+                if refusal:
+                    stream.queue.put_nowait(_Close(grpc.StatusCode.PERMISSION_DENIED, refusal))
+                    return
+        except (asyncio.CancelledError, grpc.aio.AioRpcError):
+            raise
+        except Exception:  # a broken client stream must end the stream, never the server
+            log.exception("ads_stream_error", extra={"fields": {"identity": stream.identity}})
+        stream.queue.put_nowait(_Close())
+
+    def _on_request(self, stream: _Stream, request: discovery_pb2.DiscoveryRequest) -> str | None:
+        type_url = request.type_url
+        if request.node.id and not stream.node_id:
+            # Logged for operators; never an authentication input.
+            stream.node_id = request.node.id
+            log.info("ads_node", extra={"fields": {"identity": stream.identity, "node_id": request.node.id}})
+        if type_url not in stream.allowed:
+            self.record("refuse", stream.identity, type_url, detail="type not allowed for this identity")
+            return f"{stream.identity} may not read {type_url}"
+        state = stream.state(type_url)
+        names = frozenset(request.resource_names)
+        new_names = bool(names - state.names)
+        state.names = names
+        if not request.response_nonce:
+            state.subscribed = True
+            self.record(
+                "subscribe", stream.identity, type_url, request.version_info, names=tuple(sorted(names))
+            )
+            if type_url in self._served:
+                self._send(stream, type_url)
+            self._notify()
+            return None
+        if request.response_nonce != state.sent_nonce:
+            return None  # about an older push; the answer to the latest one is still to come
+        if request.HasField("error_detail"):
+            state.nack_detail = request.error_detail.message or f"NACK (code {request.error_detail.code})"
+            self.nacks[type_url] += 1
+            self.record(
+                "nack",
+                stream.identity,
+                type_url,
+                state.sent_version or "",
+                request.response_nonce,
+                detail=state.nack_detail,
+            )
+        else:
+            state.acked_nonce = request.response_nonce
+            state.acked_at = time.monotonic()
+            self.record("ack", stream.identity, type_url, state.sent_version or "", request.response_nonce)
+            if new_names and type_url in self._served:
+                # The client asks for names it did not hold when the last push arrived: resend.
+                self._send(stream, type_url)
+        self._notify()
+        return None
