@@ -9,13 +9,14 @@ from collections.abc import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
 
-from stoa_cp import problems, store, trust
+from stoa_cp import problems, trust
 from stoa_cp.auth import digest
 from stoa_cp.events import InventoryEvents
-from stoa_cp.inventory import InventoryCache
 from stoa_cp.routers import apis, gateways, health, issuers, link, policies, tenants
 from stoa_cp.schemas import unstorable
 from stoa_cp.settings import Settings
+from stoa_cp.store.database import Database
+from stoa_cp.store.inventory import InventoryCache
 
 log = logging.getLogger("stoa_cp")
 
@@ -33,7 +34,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not settings.admin_tokens:
             log.warning("STOA_CP_ADMIN_TOKENS is empty: every admin request will be refused")
-        app.state.pool = await store.open_pool(
+        app.state.db = await Database.open(
             settings.database_url, settings.pool_min_size, settings.pool_max_size
         )
         app.state.events = InventoryEvents(settings.database_url)
@@ -41,7 +42,7 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             await app.state.events.start()
             refresher = asyncio.create_task(
-                trust.refresh_forever(app.state.pool, settings.jwks_refresh_s, settings.jwks_fetch_timeout_s),
+                trust.refresh_forever(app.state.db, settings.jwks_refresh_s, settings.jwks_fetch_timeout_s),
                 name="stoa-cp-jwks-refresh",
             )
             yield
@@ -51,7 +52,7 @@ def create_app(settings: Settings) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await refresher
             await app.state.events.stop()
-            await app.state.pool.close()
+            await app.state.db.close()
 
     app = FastAPI(
         title="STOA control plane",

@@ -1,6 +1,7 @@
 """Who is calling: admin tokens (settings) and gateway credentials (stored as SHA-256 digests).
 
-Secrets are compared as digests with hmac.compare_digest and never logged.
+Secrets are compared as digests with hmac.compare_digest and never logged. Each dependency here checks
+a credential; the existence of the resources a path names is checked in `stoa_cp.dependencies`.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ import hmac
 import secrets
 from typing import Annotated
 
-import asyncpg
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from stoa_cp.dependencies import Db
 from stoa_cp.problems import Problem
+from stoa_cp.store import gateways
 
 _admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken", description="An admin token")
 _gateway_bearer = HTTPBearer(
@@ -36,14 +38,11 @@ def _unauthorized(message: str) -> Problem:
     return Problem(401, "Unauthorized", [("authorization", message)], headers=_CHALLENGE)
 
 
-def pool(request: Request) -> asyncpg.Pool:
-    return request.app.state.pool  # type: ignore[no-any-return]
-
-
-async def require_admin(
+async def require_admin_credential(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_admin_bearer)],
 ) -> None:
+    """401 unless the caller presents one of the admin tokens of the settings."""
     if creds is None:
         raise _unauthorized("a Bearer admin token is required")
     presented = digest(creds.credentials)
@@ -55,27 +54,22 @@ async def require_admin(
         raise _unauthorized("unknown admin token")
 
 
-async def require_gateway(
-    request: Request,
+async def require_gateway_credential(
     gateway_id: Annotated[str, Path()],
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_gateway_bearer)],
+    db: Db,
 ) -> str:
     """The gateway of the path, when the caller holds its credential (401 none/unknown, 403 another's)."""
     if creds is None:
         raise _unauthorized("a Bearer gateway credential is required")
     presented = digest(creds.credentials)
-    async with pool(request).acquire() as conn:
-        stored = await conn.fetchval(
-            "SELECT credential_sha256 FROM gateways WHERE gateway_id = $1", gateway_id
-        )
-        if stored is not None and hmac.compare_digest(presented, bytes(stored)):
-            return gateway_id
-        # Lookup by digest of a high-entropy secret: reveals nothing usable about any credential.
-        other = await conn.fetchval("SELECT 1 FROM gateways WHERE credential_sha256 = $1", presented)
-    if other is not None:
+    stored = await gateways.credential_digest(db, gateway_id)
+    if stored is not None and hmac.compare_digest(presented, stored):
+        return gateway_id
+    if await gateways.holder_of(db, presented) is not None:
         raise Problem(403, "Forbidden", [("authorization", "this credential belongs to another gateway")])
     raise _unauthorized("unknown gateway credential")
 
 
-Admin = Depends(require_admin)
-Db = Annotated[asyncpg.Pool, Depends(pool)]
+AdminCredential = Depends(require_admin_credential)
+GatewayCredential = Annotated[str, Depends(require_gateway_credential)]

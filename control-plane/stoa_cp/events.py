@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import asyncpg
 
-from stoa_cp.publish import CHANNEL, parse_payload
+from stoa_cp.store.publication import CHANNEL, parse_payload
 
 log = logging.getLogger("stoa_cp")
 LISTENER_NAME = "stoa-cp-listen"

@@ -18,7 +18,7 @@ async def live() -> dict[str, str]:
 @router.get("/ready", responses={503: {"description": "The database is unreachable"}})
 async def ready(request: Request) -> JSONResponse:
     try:
-        await asyncio.wait_for(request.app.state.pool.fetchval("SELECT 1"), timeout=2.0)
+        await asyncio.wait_for(request.app.state.db.ping(), timeout=2.0)
     except Exception:
         return Problem(503, "Not ready", [("database", "unreachable")]).response()
     return JSONResponse({"status": "ready"})

@@ -8,20 +8,20 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Request, Response
+from fastapi import APIRouter, Body, Header, Request, Response
 from google.protobuf import json_format
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from stoa_proto import inventory_pb2
 
-from stoa_cp.auth import Db, require_gateway
-from stoa_cp.inventory import InventoryCache
-from stoa_cp.problems import PROBLEM_RESPONSES, Problem, invalid, not_found
-from stoa_cp.routers.gateways import gateway_status
+from stoa_cp.auth import GatewayCredential
+from stoa_cp.dependencies import Db
+from stoa_cp.problems import PROBLEM_RESPONSES, invalid, not_found
 from stoa_cp.schemas import GatewayStatus, unstorable
+from stoa_cp.store import gateways, sync_reports
+from stoa_cp.store.inventory import InventoryCache
 
 log = logging.getLogger("stoa_cp.link")
 router = APIRouter(prefix="/v1/gateways/{gateway_id}", tags=["gateway link"], responses=PROBLEM_RESPONSES)
-Gateway = Annotated[str, Depends(require_gateway)]
 
 _INVENTORY_DOC = {
     200: {
@@ -36,7 +36,7 @@ def _cache(request: Request) -> InventoryCache:
 
 
 @router.get("/config", response_class=Response, responses=_INVENTORY_DOC)
-async def get_config(gateway_id: Gateway, request: Request, db: Db) -> Response:
+async def get_config(gateway_id: GatewayCredential, request: Request, db: Db) -> Response:
     current = await _cache(request).current(db, gateway_id)
     if current is None:
         raise not_found("gateway_id", gateway_id)
@@ -54,7 +54,7 @@ async def get_config(gateway_id: Gateway, request: Request, db: Db) -> Response:
     },
 )
 async def stream_events(
-    gateway_id: Gateway,
+    gateway_id: GatewayCredential,
     request: Request,
     db: Db,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
@@ -109,7 +109,7 @@ _REPORT_EXAMPLE = {
 
 @router.post("/sync-reports", status_code=202)
 async def post_sync_report(
-    gateway_id: Gateway,
+    gateway_id: GatewayCredential,
     db: Db,
     body: Annotated[
         dict[str, Any],
@@ -134,44 +134,13 @@ async def post_sync_report(
         raise invalid("snapshot_version", "is required with SYNCED")
     if report.status == inventory_pb2.FAILED and report.reason == inventory_pb2.FAILURE_REASON_UNSPECIFIED:
         raise invalid("reason", "is required with FAILED")
-    status = inventory_pb2.SyncStatus.Name(report.status)
-    reason = inventory_pb2.FailureReason.Name(report.reason)
-    last = {"generation": report.generation, "status": status, "reason": reason, "detail": report.detail}
-    async with db.acquire() as conn, conn.transaction():
-        desired = await conn.fetchval(
-            "SELECT generation FROM gateways WHERE gateway_id = $1 FOR UPDATE", gateway_id
-        )
-        if report.generation > desired:
-            raise Problem(
-                422, "Validation failed", [("generation", f"is above the desired generation {desired}")]
-            )
-        await conn.execute(
-            "INSERT INTO sync_reports (gateway_id, generation, status, reason, detail, snapshot_version)"
-            " VALUES ($1, $2, $3, $4, $5, $6)",
-            gateway_id,
-            report.generation,
-            status,
-            reason,
-            report.detail,
-            report.snapshot_version,
-        )
-        synced = report.status == inventory_pb2.SYNCED
-        await conn.execute(
-            """
-            UPDATE gateways SET
-              snapshot_version = CASE WHEN $2 AND $3 >= acknowledged_generation
-                                 THEN $4 ELSE snapshot_version END,
-              acknowledged_generation = CASE WHEN $2 THEN GREATEST(acknowledged_generation, $3)
-                                        ELSE acknowledged_generation END,
-              failed_generation = CASE WHEN NOT $2 THEN GREATEST(failed_generation, $3)
-                                  ELSE failed_generation END,
-              last_report = $5
-            WHERE gateway_id = $1
-            """,
-            gateway_id,
-            synced,
-            report.generation,
-            report.snapshot_version,
-            last,
-        )
-    return await gateway_status(gateway_id, db)
+    await sync_reports.record(
+        db,
+        gateway_id,
+        report.generation,
+        inventory_pb2.SyncStatus.Name(report.status),
+        inventory_pb2.FailureReason.Name(report.reason),
+        report.detail,
+        report.snapshot_version,
+    )
+    return await gateways.status(db, gateway_id)

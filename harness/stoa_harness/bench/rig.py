@@ -10,7 +10,7 @@
 - Bulk seeding and bulk undeployment: the CP API serialises deployments on the gateway row (≈100
   routes/s here), so thousands of routes go in through SQL in ONE transaction that does what the CP's
   handlers do (tenant row FOR SHARE, gateway row FOR UPDATE, rows validated by the CP's own `ApiIn`,
-  tombstones kept or cleared, one generation bump + NOTIFY through `stoa_cp.publish`). The measured
+  tombstones kept or cleared, one generation bump + NOTIFY through `stoa_cp.store.publication`). The measured
   publications themselves always go through the CP API.
 - Process CPU time and RSS read from /proc.
 """
@@ -29,8 +29,8 @@ from typing import Any
 
 import asyncpg
 import httpx
-from stoa_cp.publish import bump, lock_gateway, lock_tenant
 from stoa_cp.schemas import ApiIn
+from stoa_cp.store.publication import bump, lock_gateway, lock_tenant
 
 from stoa_harness.envoy import EnvoyProcess
 from stoa_harness.estate import Estate, EstateOptions, checked

@@ -27,18 +27,6 @@ async def lock_tenant(conn: asyncpg.Connection, tenant_id: str, mode: Literal["s
         raise not_found("tenant_id", tenant_id)
 
 
-async def require_tenant(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str) -> None:
-    """404 naming tenant_id when the tenant does not exist (no lock: for reads)."""
-    if await conn.fetchval("SELECT 1 FROM tenants WHERE tenant_id = $1", tenant_id) is None:
-        raise not_found("tenant_id", tenant_id)
-
-
-async def require_gateway(conn: asyncpg.Connection, gateway_id: str) -> None:
-    """404 naming gateway_id when the gateway does not exist (no lock: for reads)."""
-    if await conn.fetchval("SELECT 1 FROM gateways WHERE gateway_id = $1", gateway_id) is None:
-        raise not_found("gateway_id", gateway_id)
-
-
 async def tenant_gateways(conn: asyncpg.Connection, tenant_id: str) -> list[str]:
     """Gateways on which the tenant has at least one route: the reach of its policies and issuers."""
     rows = await conn.fetch(
@@ -91,6 +79,25 @@ async def notify(conn: asyncpg.Connection, generations: dict[str, int]) -> None:
             CHANNEL,
             [f"{gateway_id}:{generation}" for gateway_id, generation in generations.items()],
         )
+
+
+async def bury(conn: asyncpg.Connection, route_id: str, generations: dict[str, int]) -> None:
+    """Tombstone a route on each gateway at that gateway's new generation: the Link removes it."""
+    await conn.execute(
+        "INSERT INTO tombstones (gateway_id, route_id, generation)"
+        " SELECT g, $1, gen FROM unnest($2::text[], $3::bigint[]) AS t(g, gen)"
+        " ON CONFLICT (gateway_id, route_id) DO UPDATE SET generation = EXCLUDED.generation",
+        route_id,
+        list(generations),
+        list(generations.values()),
+    )
+
+
+async def unbury(conn: asyncpg.Connection, gateway_id: str, route_ids: list[str]) -> None:
+    """A re-deploy removes the tombstone of an earlier deactivation."""
+    await conn.execute(
+        "DELETE FROM tombstones WHERE gateway_id = $1 AND route_id = ANY($2::text[])", gateway_id, route_ids
+    )
 
 
 def parse_payload(payload: str) -> tuple[str, int] | None:

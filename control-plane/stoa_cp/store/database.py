@@ -1,10 +1,14 @@
-"""The PostgreSQL store: connection pool and versioned migrations applied at start."""
+"""The database: connection pool, versioned migrations applied at start, and the two ways the stores
+use a connection (a read, a transaction)."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from importlib import resources
+from typing import Literal
 
 import asyncpg
 
@@ -51,8 +55,39 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-async def open_pool(dsn: str, min_size: int, max_size: int) -> asyncpg.Pool:
-    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init_connection)
-    async with pool.acquire() as conn:
-        await migrate(conn)
-    return pool
+Isolation = Literal["read_committed", "repeatable_read", "serializable"]
+
+
+class Database:
+    """The pool, and the only ways the stores take a connection from it."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    @classmethod
+    async def open(cls, dsn: str, min_size: int, max_size: int) -> Database:
+        pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init_connection)
+        async with pool.acquire() as conn:
+            await migrate(conn)
+        return cls(pool)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def ping(self) -> None:
+        async with self.connection() as conn:
+            await conn.fetchval("SELECT 1")
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection for reads outside a transaction."""
+        async with self.pool.acquire() as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def transaction(
+        self, isolation: Isolation = "read_committed", readonly: bool = False
+    ) -> AsyncIterator[asyncpg.Connection]:
+        """A connection inside a transaction, committed when the block ends without an exception."""
+        async with self.pool.acquire() as conn, conn.transaction(isolation=isolation, readonly=readonly):
+            yield conn

@@ -18,6 +18,8 @@ import asyncpg
 from google.protobuf import json_format
 from stoa_proto import inventory_pb2
 
+from stoa_cp.store.database import Database
+
 log = logging.getLogger("stoa_cp.inventory")
 
 
@@ -185,10 +187,10 @@ class InventoryCache:
         self._locks: dict[str, asyncio.Lock] = {}
         self._max = max_gateways
 
-    async def current(self, pool: asyncpg.Pool, gateway_id: str) -> tuple[int, str] | None:
+    async def current(self, db: Database, gateway_id: str) -> tuple[int, str] | None:
         """(generation, inventory JSON) of the gateway now, or None when it does not exist."""
         lock = self._locks.setdefault(gateway_id, asyncio.Lock())
-        async with lock, pool.acquire() as conn:
+        async with lock, db.connection() as conn:
             generation = await conn.fetchval(
                 "SELECT generation FROM gateways WHERE gateway_id = $1", gateway_id
             )

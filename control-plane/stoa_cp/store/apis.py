@@ -1,0 +1,127 @@
+"""APIs of a tenant. An edit or a deletion is a new generation of every gateway the API is deployed on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from stoa_cp.problems import conflict, not_found
+from stoa_cp.schemas import ApiAuth, ApiFields, ApiIn, ApiOut
+from stoa_cp.store.database import Database
+from stoa_cp.store.publication import bump, bury, lock_tenant
+
+COLUMNS = ("name", "upstream_url", "path_prefix", "methods", "timeout_ms", "auth_mode", "scopes")
+_SELECT = (
+    "SELECT a.api_id, a.tenant_id, a.name, a.upstream_url, a.path_prefix, a.methods, a.timeout_ms,"
+    " a.auth_mode, a.scopes, COALESCE((SELECT array_agg(d.gateway_id ORDER BY d.gateway_id)"
+    " FROM deployments d WHERE d.api_id = a.api_id), '{}') AS deployed_on FROM apis a"
+)
+
+
+def columns(api_id: str, body: ApiFields) -> dict[str, Any]:
+    """The stored columns of an API body (defaults filled in)."""
+    return {
+        "name": body.name,
+        "upstream_url": body.upstream_url,
+        "path_prefix": body.path_prefix or f"/apis/{api_id}",
+        "methods": body.methods,
+        "timeout_ms": body.timeout_ms or 0,
+        "auth_mode": body.auth.mode,
+        "scopes": body.auth.scopes,
+    }
+
+
+def _out(row: asyncpg.Record) -> ApiOut:
+    return ApiOut(
+        api_id=row["api_id"],
+        tenant_id=row["tenant_id"],
+        name=row["name"],
+        upstream_url=row["upstream_url"],
+        path_prefix=row["path_prefix"],
+        methods=list(row["methods"]),
+        timeout_ms=row["timeout_ms"] or None,
+        auth=ApiAuth(mode=row["auth_mode"], scopes=list(row["scopes"])),
+        deployed_on=list(row["deployed_on"]),
+    )
+
+
+def unique_problem(exc: asyncpg.UniqueViolationError, api_id: str, path_prefix: str) -> Exception:
+    if exc.constraint_name == "apis_path_prefix_key":
+        return conflict("path_prefix", path_prefix)
+    return conflict("api_id", api_id)
+
+
+async def _read(conn: asyncpg.Connection, tenant_id: str, api_id: str, lock: bool = False) -> asyncpg.Record:
+    if lock:
+        await conn.execute(
+            "SELECT 1 FROM apis WHERE api_id = $1 AND tenant_id = $2 FOR UPDATE", api_id, tenant_id
+        )
+    row = await conn.fetchrow(f"{_SELECT} WHERE a.api_id = $1 AND a.tenant_id = $2", api_id, tenant_id)
+    if row is None:
+        raise not_found("api_id", api_id)
+    return row
+
+
+async def create(db: Database, tenant_id: str, body: ApiIn) -> ApiOut:
+    values = columns(body.api_id, body)
+    async with db.transaction() as conn:
+        await lock_tenant(conn, tenant_id, "share")
+        try:
+            await conn.execute(
+                "INSERT INTO apis (api_id, tenant_id, name, upstream_url, path_prefix, methods, timeout_ms,"
+                " auth_mode, scopes) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                body.api_id,
+                tenant_id,
+                *(values[c] for c in COLUMNS),
+            )
+        except asyncpg.UniqueViolationError as exc:
+            raise unique_problem(exc, body.api_id, values["path_prefix"]) from None
+        return _out(await _read(conn, tenant_id, body.api_id))
+
+
+async def list_for(db: Database, tenant_id: str) -> list[ApiOut]:
+    async with db.connection() as conn:
+        rows = await conn.fetch(f"{_SELECT} WHERE a.tenant_id = $1 ORDER BY a.api_id", tenant_id)
+    return [_out(row) for row in rows]
+
+
+async def get(db: Database, tenant_id: str, api_id: str) -> ApiOut:
+    async with db.connection() as conn:
+        return _out(await _read(conn, tenant_id, api_id))
+
+
+async def update(db: Database, tenant_id: str, api_id: str, body: ApiFields) -> ApiOut:
+    """Store the new fields; an unchanged body changes nothing (no new generation)."""
+    values = columns(api_id, body)
+    async with db.transaction() as conn:
+        await lock_tenant(conn, tenant_id, "share")
+        current = await _read(conn, tenant_id, api_id, lock=True)
+        if all(same(current[c], values[c]) for c in COLUMNS):
+            return _out(current)
+        try:
+            await conn.execute(
+                "UPDATE apis SET name = $2, upstream_url = $3, path_prefix = $4, methods = $5,"
+                " timeout_ms = $6, auth_mode = $7, scopes = $8, updated_at = now() WHERE api_id = $1",
+                api_id,
+                *(values[c] for c in COLUMNS),
+            )
+        except asyncpg.UniqueViolationError as exc:
+            raise unique_problem(exc, api_id, values["path_prefix"]) from None
+        await bump(conn, current["deployed_on"])
+        return _out(await _read(conn, tenant_id, api_id))
+
+
+async def delete(db: Database, tenant_id: str, api_id: str) -> None:
+    """Delete the API; every gateway it was deployed on gets a tombstone and a new generation."""
+    async with db.transaction() as conn:
+        await lock_tenant(conn, tenant_id, "share")
+        current = await _read(conn, tenant_id, api_id, lock=True)
+        await bury(conn, api_id, await bump(conn, current["deployed_on"]))
+        await conn.execute("DELETE FROM apis WHERE api_id = $1", api_id)
+
+
+def same(stored: object, wanted: object) -> bool:
+    if isinstance(stored, list | tuple) or isinstance(wanted, list | tuple):
+        return list(stored or []) == list(wanted or [])  # type: ignore[call-overload]
+    return stored == wanted

@@ -1,0 +1,93 @@
+"""Gateways: registration, credentials (stored as SHA-256 digests) and sync state."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from stoa_cp.problems import conflict, not_found
+from stoa_cp.schemas import GatewayCreated, GatewayIn, GatewayOut, GatewayStatus, LastReport
+from stoa_cp.store.database import Database
+from stoa_cp.store.publication import notify
+
+
+async def create(db: Database, body: GatewayIn, credential: str, credential_digest: bytes) -> GatewayCreated:
+    """Register a gateway at generation 1."""
+    async with db.transaction() as conn:
+        try:
+            await conn.execute(
+                "INSERT INTO gateways (gateway_id, name, credential_sha256) VALUES ($1, $2, $3)",
+                body.gateway_id,
+                body.name,
+                credential_digest,
+            )
+        except asyncpg.UniqueViolationError:
+            raise conflict("gateway_id", body.gateway_id) from None
+        await notify(conn, {body.gateway_id: 1})
+    return GatewayCreated(gateway_id=body.gateway_id, name=body.name, generation=1, credential=credential)
+
+
+async def list_all(db: Database) -> list[GatewayOut]:
+    async with db.connection() as conn:
+        rows = await conn.fetch("SELECT gateway_id, name, generation FROM gateways ORDER BY gateway_id")
+    return [GatewayOut(**dict(row)) for row in rows]
+
+
+async def get(db: Database, gateway_id: str) -> GatewayOut:
+    async with db.connection() as conn:
+        row = await conn.fetchrow(
+            "SELECT gateway_id, name, generation FROM gateways WHERE gateway_id = $1", gateway_id
+        )
+    if row is None:
+        raise not_found("gateway_id", gateway_id)
+    return GatewayOut(**dict(row))
+
+
+async def exists(db: Database, gateway_id: str) -> bool:
+    async with db.connection() as conn:
+        return await conn.fetchval("SELECT 1 FROM gateways WHERE gateway_id = $1", gateway_id) is not None
+
+
+async def credential_digest(db: Database, gateway_id: str) -> bytes | None:
+    async with db.connection() as conn:
+        stored = await conn.fetchval(
+            "SELECT credential_sha256 FROM gateways WHERE gateway_id = $1", gateway_id
+        )
+    return None if stored is None else bytes(stored)
+
+
+async def holder_of(db: Database, presented_digest: bytes) -> str | None:
+    """The gateway whose credential has this digest (a lookup by the digest of a high-entropy secret
+    reveals nothing usable about any credential)."""
+    async with db.connection() as conn:
+        found = await conn.fetchval(
+            "SELECT gateway_id FROM gateways WHERE credential_sha256 = $1", presented_digest
+        )
+    return None if found is None else str(found)
+
+
+async def status(db: Database, gateway_id: str) -> GatewayStatus:
+    """Sync state, always about the desired generation: a report for an older one never makes it SYNCED."""
+    async with db.connection() as conn:
+        row = await conn.fetchrow(
+            "SELECT generation, acknowledged_generation, snapshot_version, failed_generation, last_report"
+            " FROM gateways WHERE gateway_id = $1",
+            gateway_id,
+        )
+    if row is None:
+        raise not_found("gateway_id", gateway_id)
+    desired = int(row["generation"])
+    if row["acknowledged_generation"] >= desired:
+        state = "SYNCED"
+    elif row["failed_generation"] >= desired:
+        state = "FAILED"
+    else:
+        state = "PENDING"
+    last = row["last_report"]
+    return GatewayStatus(
+        gateway_id=gateway_id,
+        desired_generation=desired,
+        acknowledged_generation=int(row["acknowledged_generation"]),
+        snapshot_version=row["snapshot_version"],
+        state=state,
+        last_report=LastReport(**last) if last else None,
+    )

@@ -1,0 +1,31 @@
+"""Tenants."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from stoa_cp.problems import conflict
+from stoa_cp.schemas import TenantIn, TenantOut
+from stoa_cp.store.database import Database
+
+
+async def create(db: Database, body: TenantIn) -> TenantOut:
+    async with db.transaction() as conn:
+        try:
+            await conn.execute(
+                "INSERT INTO tenants (tenant_id, name) VALUES ($1, $2)", body.tenant_id, body.name
+            )
+        except asyncpg.UniqueViolationError:
+            raise conflict("tenant_id", body.tenant_id) from None
+    return TenantOut(tenant_id=body.tenant_id, name=body.name)
+
+
+async def list_all(db: Database) -> list[TenantOut]:
+    async with db.connection() as conn:
+        rows = await conn.fetch("SELECT tenant_id, name FROM tenants ORDER BY tenant_id")
+    return [TenantOut(**dict(row)) for row in rows]
+
+
+async def exists(db: Database, tenant_id: str) -> bool:
+    async with db.connection() as conn:
+        return await conn.fetchval("SELECT 1 FROM tenants WHERE tenant_id = $1", tenant_id) is not None
