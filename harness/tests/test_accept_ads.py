@@ -39,8 +39,8 @@ from stoa_link.ads import AdsServer, PublishResult, TlsMaterial
 from stoa_link.agent import Agent, InventoryStore
 from stoa_link.reporter import Reporter
 from stoa_link.settings import LinkSettings
-from stoa_link.snapshot import CLUSTER, ENVOY_TYPES, LISTENER, ROUTE, Snapshot
 from stoa_proto import inventory_pb2
+from stoa_translate.snapshot import CLUSTER, ENVOY_TYPES, LISTENER, ROUTE, Snapshot
 
 GATEWAY = "gw-ads"
 ENVOY_SAN = "spiffe://stoa.local/envoy"

@@ -16,13 +16,13 @@ from pathlib import Path
 
 from google.protobuf import json_format
 from stoa_proto import inventory_pb2
+from stoa_translate.snapshot import Snapshot
 
 from stoa_link import guard
 from stoa_link.ads import AdsServer, elapsed_ms
 from stoa_link.cp_client import CpClient, Delivery, InvalidInventory
 from stoa_link.metrics import PublicationStats
 from stoa_link.reporter import Reporter
-from stoa_link.snapshot import Snapshot
 
 log = logging.getLogger("stoa_link.agent")
 

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 from pydantic import ValidationError
+from stoa_translate.snapshot import ENVOY_TYPES, SITE_SERVICE_TYPES
 
 from stoa_link import bootstrap, certs
 from stoa_link.settings import LinkSettings, is_loopback
-from stoa_link.snapshot import ENVOY_TYPES, SITE_SERVICE_TYPES
 
 log = logging.getLogger("stoa_link.cli")
 
@@ -61,13 +61,14 @@ def load_settings() -> LinkSettings:
 
 
 def _run(settings: LinkSettings) -> None:
+    from stoa_translate import TranslateOptions, Translator
+
     from stoa_link.ads import AdsServer, TlsMaterial
     from stoa_link.agent import Agent, InventoryStore, run_agent
     from stoa_link.cp_client import CpClient
     from stoa_link.health import HttpEndpoints
     from stoa_link.metrics import link_families
     from stoa_link.reporter import Reporter
-    from stoa_link.translate import TranslateOptions, translate
 
     try:
         settings.require_run_settings()
@@ -95,7 +96,7 @@ def _run(settings: LinkSettings) -> None:
     cp = CpClient(settings.cp_url, settings.gateway_id, credential)
     try:
         store = InventoryStore(settings.state_dir)
-        agent = Agent(settings.gateway_id, ads, reporter, lambda inv: translate(inv, options), store)
+        agent = Agent(settings.gateway_id, ads, reporter, Translator(options).translate, store)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     endpoints = HttpEndpoints(ads, lambda: link_families(agent.stats, ads, cp.stream_open))

@@ -8,17 +8,9 @@ the refused inventory is published.
 from __future__ import annotations
 
 from stoa_proto import inventory_pb2
+from stoa_translate.refusal import FailureReason, Refusal
 
-FailureReason = inventory_pb2.FailureReason
-
-
-class Refusal(Exception):
-    """An inventory the Link will not apply; `reason` is a `FailureReason` value."""
-
-    def __init__(self, reason: int, detail: str) -> None:
-        super().__init__(f"{FailureReason.Name(reason)}: {detail}")
-        self.reason = reason
-        self.detail = detail
+__all__ = ["FailureReason", "Refusal", "check"]
 
 
 def check(

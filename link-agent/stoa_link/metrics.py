@@ -13,8 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from stoa_translate.snapshot import ROUTE
+
 from stoa_link.ads import AdsServer
-from stoa_link.snapshot import ROUTE
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Publications take milliseconds when nothing waits, seconds when Envoy reloads 10,000 routes, and the

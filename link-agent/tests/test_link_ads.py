@@ -17,7 +17,8 @@ from stoa_harness.wait import wait_until_async
 from stoa_link import certs
 from stoa_link.ads import AdsServer, TlsMaterial, peer_identity
 from stoa_link.health import readiness
-from stoa_link.snapshot import (
+from stoa_proto import authz_pb2
+from stoa_translate.snapshot import (
     AUTHZ_POLICY_SET,
     CLUSTER,
     ENVOY_TYPES,
@@ -26,7 +27,6 @@ from stoa_link.snapshot import (
     SITE_SERVICE_TYPES,
     Snapshot,
 )
-from stoa_proto import authz_pb2
 
 ENVOY = "spiffe://stoa.local/envoy"
 AUTHZ = "spiffe://stoa.local/ext-authz"

@@ -14,8 +14,8 @@ from stoa_link.agent import Agent, InventoryStore
 from stoa_link.cp_client import Backoff, InvalidInventory
 from stoa_link.guard import Refusal
 from stoa_link.reporter import Reporter
-from stoa_link.snapshot import CLUSTER, Snapshot
 from stoa_proto import inventory_pb2
+from stoa_translate.snapshot import CLUSTER, Snapshot
 
 FR = inventory_pb2.FailureReason
 

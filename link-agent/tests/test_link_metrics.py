@@ -24,8 +24,8 @@ from stoa_link.metrics import (
     route_count,
 )
 from stoa_link.settings import LinkSettings
-from stoa_link.snapshot import ENVOY_TYPES, ROUTE, SITE_SERVICE_TYPES, Snapshot
 from stoa_proto import inventory_pb2
+from stoa_translate.snapshot import ENVOY_TYPES, ROUTE, SITE_SERVICE_TYPES, Snapshot
 
 ENVOY = "spiffe://stoa.local/envoy"
 AUTHZ = "spiffe://stoa.local/ext-authz"

@@ -25,6 +25,7 @@ class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_INVENTORY: _ClassVar[FailureReason]
     NACK: _ClassVar[FailureReason]
     ACK_TIMEOUT: _ClassVar[FailureReason]
+    INCONSISTENT_SNAPSHOT: _ClassVar[FailureReason]
 SYNC_STATUS_UNSPECIFIED: SyncStatus
 SYNCED: SyncStatus
 FAILED: SyncStatus
@@ -37,6 +38,7 @@ DUPLICATE_POLICY: FailureReason
 INVALID_INVENTORY: FailureReason
 NACK: FailureReason
 ACK_TIMEOUT: FailureReason
+INCONSISTENT_SNAPSHOT: FailureReason
 
 class Route(_message.Message):
     __slots__ = ("route_id", "tenant_id", "api_id", "path_prefix", "methods", "upstream_url", "timeout_ms", "auth_mode", "scopes")

@@ -19,8 +19,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from stoa_link.ads.stream import Streams, short
-from stoa_link.snapshot import (
+from stoa_translate.snapshot import (
     CLUSTER,
     ENVOY_TYPES,
     LISTENER,
@@ -29,6 +28,8 @@ from stoa_link.snapshot import (
     Snapshot,
     resource_name,
 )
+
+from stoa_link.ads.stream import Streams, short
 
 log = logging.getLogger("stoa_link.ads")
 

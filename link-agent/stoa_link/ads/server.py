@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from stoa_translate.snapshot import Snapshot
 
 from stoa_link.ads.identity import TlsMaterial, peer_identity
 from stoa_link.ads.publish import Publisher, PublishResult
 from stoa_link.ads.stream import AdsEvent, Streams
 from stoa_link.settings import loopback_endpoint
-from stoa_link.snapshot import Snapshot
 
 log = logging.getLogger("stoa_link.ads")
 

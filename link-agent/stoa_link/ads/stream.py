@@ -23,8 +23,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
-
-from stoa_link.snapshot import CLUSTER, LISTENER, ROUTE, SITE_SERVICE_TYPES, resource_name
+from stoa_translate.snapshot import CLUSTER, LISTENER, ROUTE, SITE_SERVICE_TYPES, resource_name
 
 log = logging.getLogger("stoa_link.ads")
 

@@ -16,11 +16,10 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import duration_pb2
 
-from stoa_link.translate.filters import packed
-from stoa_link.translate.ir import Backend, SiteIR
-from stoa_link.translate.options import TranslateOptions
+from stoa_translate.filters import EXT_AUTHZ_CLUSTER, packed
+from stoa_translate.ir import Backend, SiteIR
+from stoa_translate.options import TranslateOptions
 
-EXT_AUTHZ_CLUSTER = "stoa-ext-authz"
 SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 CONNECT_TIMEOUT = duration_pb2.Duration(seconds=5)
 _HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"

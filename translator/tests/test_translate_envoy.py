@@ -16,11 +16,11 @@ from stoa_harness.ports import free_port
 from stoa_harness.upstream import EchoUpstream
 from stoa_harness.wait import wait_until
 from stoa_harness.witness import CheckWitness
-from stoa_link.snapshot import AUTHZ_POLICY_SET
-from stoa_link.translate import TranslateOptions, translate
-from stoa_link.translate.static import static_bootstrap
 from stoa_proto import inventory_pb2
 from stoa_proto.bodies import DENY_BODIES
+from stoa_translate import TranslateOptions, translate
+from stoa_translate.snapshot import AUTHZ_POLICY_SET
+from stoa_translate.static import static_bootstrap
 
 
 class Site:

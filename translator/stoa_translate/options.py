@@ -1,4 +1,4 @@
-"""The Link's settings the translator needs (re-exported by `stoa_link.translate`)."""
+"""The site settings that shape a translation: the Link's own; the CP previews with those a Link reported."""
 
 from __future__ import annotations
 

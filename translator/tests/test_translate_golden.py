@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 from stoa_harness.envoy import validate_config
-from stoa_link.guard import FailureReason, Refusal
-from stoa_link.snapshot import AUTHZ_POLICY_SET, CLUSTER, LISTENER, ROUTE, Snapshot
-from stoa_link.translate import TranslateOptions, translate
-from stoa_link.translate.static import static_bootstrap
 from stoa_proto import inventory_pb2
+from stoa_translate import TranslateOptions, translate
+from stoa_translate.refusal import FailureReason, Refusal
+from stoa_translate.snapshot import AUTHZ_POLICY_SET, CLUSTER, LISTENER, ROUTE, Snapshot
+from stoa_translate.static import static_bootstrap
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "inventory.json").exists())

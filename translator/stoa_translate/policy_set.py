@@ -11,7 +11,7 @@ import hashlib
 
 from stoa_proto import authz_pb2, inventory_pb2
 
-from stoa_link.translate.ir import SiteIR
+from stoa_translate.ir import SiteIR
 
 POLICY_SET_NAME = "default"
 

@@ -1,9 +1,7 @@
 """The listener `stoa-listener`: one HTTP connection manager, hardened, routes over ADS (RDS).
 
-Filter chain: cors, rbac, ext_authz, local_ratelimit, router (cors, rbac and local_ratelimit only
-when some route needs them). CORS first so a genuine preflight is answered by Envoy itself; rbac
-before ext_authz so an address-denied request costs no authorization call; the token bucket after
-ext_authz so only authorized requests spend it.
+Filter chain: in the order of `stoa_translate.filters.HTTP_FILTER_ORDER` (where each position is
+explained); a policy kind's filter only when some route uses that kind.
 """
 
 from __future__ import annotations
@@ -13,33 +11,26 @@ from envoy.config.core.v3 import (
     address_pb2,
     base_pb2,
     config_source_pb2,
-    grpc_service_pb2,
     protocol_pb2,
     substitution_format_string_pb2,
 )
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
-from envoy.extensions.filters.http.cors.v3 import cors_pb2
-from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
-from envoy.extensions.filters.http.local_ratelimit.v3 import local_rate_limit_pb2
-from envoy.extensions.filters.http.rbac.v3 import rbac_pb2
-from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
-from envoy.type.v3 import http_status_pb2
-from google.protobuf import duration_pb2, message, wrappers_pb2
+from google.protobuf import message, wrappers_pb2
 from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES
 
-from stoa_link.translate.clusters import EXT_AUTHZ_CLUSTER
-from stoa_link.translate.filters import (
-    CORS_FILTER,
+from stoa_translate.filters import (
     EXT_AUTHZ_FILTER,
-    RATE_LIMIT_FILTER,
-    RBAC_FILTER,
+    HTTP_FILTER_ORDER,
     ROUTER_FILTER,
+    ext_authz_filter,
     packed,
+    router_filter,
 )
-from stoa_link.translate.ir import CORS, IP_FILTER, RATE_LIMIT, SiteIR
-from stoa_link.translate.options import TranslateOptions
-from stoa_link.translate.routes import ROUTE_CONFIG_NAME
+from stoa_translate.ir import SiteIR
+from stoa_translate.options import TranslateOptions
+from stoa_translate.policies import KINDS
+from stoa_translate.routes import ROUTE_CONFIG_NAME
 
 LISTENER_NAME = "stoa-listener"
 # RFC 5737 documentation address: the only "internal" range, so that no real peer is internal.
@@ -107,34 +98,15 @@ def render_listener(site: SiteIR, options: TranslateOptions) -> listener_pb2.Lis
 
 
 def _chain(site: SiteIR, options: TranslateOptions) -> list[tuple[str, message.Message]]:
-    # Listener-level rbac (no rules) and local_ratelimit (0 % enabled) are inert: only a route's
-    # typed_per_filter_config switches them on.
-    chain: list[tuple[str, message.Message]] = []
-    if site.needs(CORS):
-        chain.append((CORS_FILTER, cors_pb2.Cors()))
-    if site.needs(IP_FILTER):
-        chain.append((RBAC_FILTER, rbac_pb2.RBAC()))
-    chain.append((EXT_AUTHZ_FILTER, _ext_authz(options)))
-    if site.needs(RATE_LIMIT):
-        chain.append((RATE_LIMIT_FILTER, local_rate_limit_pb2.LocalRateLimit(stat_prefix="stoa_rate_limit")))
-    # No x-envoy-* headers added by Envoy (x-envoy-original-path included); no retry policy anywhere.
-    chain.append((ROUTER_FILTER, router_pb2.Router(suppress_envoy_headers=True)))
-    return chain
-
-
-def _ext_authz(options: TranslateOptions) -> ext_authz_pb2.ExtAuthz:
-    timeout = duration_pb2.Duration()
-    timeout.FromMilliseconds(options.ext_authz_timeout_ms)
-    return ext_authz_pb2.ExtAuthz(
-        grpc_service=grpc_service_pb2.GrpcService(
-            envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=EXT_AUTHZ_CLUSTER),
-            timeout=timeout,
-        ),
-        transport_api_version=config_source_pb2.V3,
-        failure_mode_allow=False,
-        status_on_error=http_status_pb2.HttpStatus(code=http_status_pb2.ServiceUnavailable),
-        include_peer_certificate=False,
-    )
+    # A kind's listener-level filter is inert: only a route's typed_per_filter_config switches it on.
+    configs: dict[str, message.Message] = {
+        EXT_AUTHZ_FILTER: ext_authz_filter(options),
+        ROUTER_FILTER: router_filter(),
+    }
+    for kind in KINDS.values():
+        if site.needs(kind.name):
+            configs[kind.filter_name] = kind.listener_filter()
+    return [(name, configs[name]) for name, _why in HTTP_FILTER_ORDER if name in configs]
 
 
 def _status(status: int) -> accesslog_pb2.AccessLogFilter:

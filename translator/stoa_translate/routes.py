@@ -12,14 +12,16 @@ Rewrite: the matched path_prefix is replaced by the upstream URL's base path —
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.type.matcher.v3 import regex_pb2, string_pb2
-from google.protobuf import duration_pb2
+from google.protobuf import any_pb2, duration_pb2
 
-from stoa_link.translate.filters import per_route_configs, virtual_host_configs
-from stoa_link.translate.ir import RouteIR, SiteIR
-from stoa_link.translate.options import TranslateOptions
+from stoa_translate.filters import EXT_AUTHZ_FILTER, ext_authz_route, packed, virtual_host_configs
+from stoa_translate.ir import RouteIR, SiteIR
+from stoa_translate.options import TranslateOptions
+from stoa_translate.policies import KINDS
 
 ROUTE_CONFIG_NAME = "stoa-routes"
 VIRTUAL_HOST_NAME = "stoa"
@@ -27,28 +29,27 @@ VIRTUAL_HOST_NAME = "stoa"
 CLIENT_HEADERS_REMOVED = ("x-envoy-original-path",)
 
 
-# (route, options) → that route's entries, serialised as a VirtualHost holding only them, from the
-# latest render. Serialised messages concatenate into one message with the repeated field appended in
-# order, so the virtual host is parsed once from the joined bytes instead of being rebuilt entry by
-# entry: with 10,000 routes and one changed (or added), one route is rendered again. The entries do
-# not depend on the policy-set version (it sits on the virtual host), so a new set costs nothing here.
-_rendered: dict[tuple[RouteIR, TranslateOptions], bytes] = {}
+# Route → its entries, serialised as a VirtualHost holding only them, for one set of options.
+# Serialised messages concatenate into one message with the repeated field appended in order, so the
+# virtual host is parsed once from the joined bytes instead of being rebuilt entry by entry: with
+# 10,000 routes and one changed (or added), one route is rendered again. The entries do not depend on
+# the policy-set version (it sits on the virtual host), so a new set costs nothing here.
+RenderedRoutes = Mapping[RouteIR, bytes]
 
 
 def render_routes(
-    site: SiteIR, options: TranslateOptions, policy_set_version: str
-) -> route_pb2.RouteConfiguration:
+    site: SiteIR, options: TranslateOptions, policy_set_version: str, previous: RenderedRoutes
+) -> tuple[route_pb2.RouteConfiguration, dict[RouteIR, bytes]]:
+    """The route configuration, and each route's rendered entries for the next call's `previous`
+    (which must have been rendered with the same options)."""
     parts: list[bytes] = []
-    rendered: dict[tuple[RouteIR, TranslateOptions], bytes] = {}
+    rendered: dict[RouteIR, bytes] = {}
     for route in sorted(site.routes, key=lambda r: (-len(r.path_prefix), r.route_id)):
-        key = (route, options)
-        body = _rendered.get(key)
+        body = previous.get(route)
         if body is None:
             body = route_components_pb2.VirtualHost(routes=_entries(route, options)).SerializeToString()
-        rendered[key] = body
+        rendered[route] = body
         parts.append(body)
-    _rendered.clear()
-    _rendered.update(rendered)
     config = route_pb2.RouteConfiguration(
         name=ROUTE_CONFIG_NAME, request_headers_to_remove=list(CLIENT_HEADERS_REMOVED)
     )
@@ -57,14 +58,24 @@ def render_routes(
         host.typed_per_filter_config[name].CopyFrom(per_filter)
     # Parsed in place: appending a built virtual host would copy all of its entries once more.
     host.MergeFromString(b"".join(parts))
-    return config
+    return config, rendered
 
 
 def _methods(route: RouteIR) -> tuple[str, ...]:
-    """The methods to match; () = any. A cors policy adds OPTIONS for the preflight."""
-    if route.methods and route.cors is not None and "OPTIONS" not in route.methods:
-        return (*route.methods, "OPTIONS")
-    return route.methods
+    """The methods to match; () = any. A kind may add some (cors: OPTIONS, for the preflight)."""
+    if not route.methods:
+        return ()
+    extra = [m for name, _ in route.policies for m in KINDS[name].extra_methods if m not in route.methods]
+    return (*route.methods, *dict.fromkeys(extra))
+
+
+def per_route_configs(route: RouteIR) -> dict[str, any_pb2.Any]:
+    """typed_per_filter_config of every route entry rendered for `route`."""
+    configs = {EXT_AUTHZ_FILTER: packed(ext_authz_route(route.tenant_id, route.api_id, route.route_id))}
+    for name, ir in route.policies:
+        kind = KINDS[name]
+        configs[kind.filter_name] = packed(kind.route_config(route.route_id, ir))
+    return configs
 
 
 def _entries(route: RouteIR, options: TranslateOptions) -> list[route_components_pb2.Route]:

@@ -9,12 +9,12 @@ from envoy.config.route.v3 import route_components_pb2
 from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import json_format
-from stoa_link.guard import FailureReason, Refusal
-from stoa_link.snapshot import AUTHZ_POLICY_SET, CLUSTER, ENVOY_TYPES, LISTENER, ROUTE, Snapshot
-from stoa_link.translate import TranslateOptions, translate
-from stoa_link.translate.filters import origin_matcher
 from stoa_proto import inventory_pb2
 from stoa_proto.bodies import DENY_BODIES
+from stoa_translate import TranslateOptions, translate
+from stoa_translate.policies.cors import origin_matcher
+from stoa_translate.refusal import FailureReason, Refusal
+from stoa_translate.snapshot import AUTHZ_POLICY_SET, CLUSTER, ENVOY_TYPES, LISTENER, ROUTE, Snapshot
 
 OPTIONS = TranslateOptions()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from stoa_link.snapshot import CLUSTER, LISTENER, ROUTE, Snapshot
+from stoa_translate.snapshot import CLUSTER, LISTENER, ROUTE, Snapshot
 
 
 def _doc(resource: Any) -> dict[str, Any]:

@@ -1,0 +1,80 @@
+"""The translator: inventory → IR → Envoy resources and the site policy sets, as one Snapshot.
+
+Shared by the Link (what it publishes) and the CP (what it previews, and the rules it checks writes
+against), so both give the same answer for the same inventory and options. Stages: `ir.build`
+(validate and resolve; every refusal about content happens there), then `policy_set`, `clusters`,
+`listener`, `routes`, and a consistency check of the references between the rendered resources.
+"""
+
+from __future__ import annotations
+
+from envoy.config.route.v3 import route_components_pb2
+from stoa_proto import inventory_pb2
+
+from stoa_translate import ir
+from stoa_translate.clusters import render_clusters
+from stoa_translate.listener import render_listener
+from stoa_translate.options import TranslateOptions
+from stoa_translate.policy_set import render_policy_set
+from stoa_translate.refusal import FailureReason, Refusal
+from stoa_translate.routes import render_routes
+from stoa_translate.snapshot import (
+    AUTHZ_POLICY_SET,
+    CLUSTER,
+    LISTENER,
+    ROUTE,
+    Snapshot,
+    clusters_named,
+    dangling_references,
+)
+
+__all__ = ["TranslateOptions", "Translator", "translate"]
+
+
+class Translator:
+    """Translates inventories for one set of options, remembering its latest translation.
+
+    Pure in effect: the same inventory always gives the same snapshot. What it keeps (each route's
+    resolved IR by content, each route's rendered entries) only makes the next translation cost what
+    changed; it lives as long as its owner (the Link's agent: the Link's life; a CP preview: one
+    request) and holds only the latest translation's routes.
+    """
+
+    def __init__(self, options: TranslateOptions) -> None:
+        self.options = options
+        self._resolved: dict[bytes, ir.RouteIR] = {}
+        self._rendered: dict[ir.RouteIR, bytes] = {}
+        # A route's rendered entries → the clusters they name (for the consistency check).
+        self._clusters_named: dict[bytes, frozenset[str]] = {}
+
+    def translate(self, inventory: inventory_pb2.Inventory) -> Snapshot:
+        """Render `inventory`; raises `stoa_translate.refusal.Refusal` when it cannot be expressed safely."""
+        site, resolved = ir.build(inventory, self._resolved)
+        # The routes carry the policy-set version, so the set is rendered first.
+        policy_set = render_policy_set(site)
+        routes, rendered = render_routes(site, self.options, policy_set.version, self._rendered)
+        snapshot = Snapshot.build(
+            inventory.gateway_id,
+            inventory.generation,
+            {
+                CLUSTER: render_clusters(site, self.options),
+                LISTENER: [render_listener(site, self.options)],
+                ROUTE: [routes],
+                AUTHZ_POLICY_SET: [policy_set],
+            },
+        )
+        named = {
+            body: self._clusters_named.get(body)
+            or frozenset(clusters_named(route_components_pb2.VirtualHost.FromString(body).routes))
+            for body in rendered.values()
+        }
+        dangling = dangling_references(snapshot, frozenset().union(*named.values()))
+        if dangling:
+            raise Refusal(FailureReason.INCONSISTENT_SNAPSHOT, "; ".join(dangling))
+        self._resolved, self._rendered, self._clusters_named = resolved, rendered, named
+        return snapshot
+
+
+def translate(inventory: inventory_pb2.Inventory, options: TranslateOptions) -> Snapshot:
+    """One translation with nothing remembered (tests, one-off renders)."""
+    return Translator(options).translate(inventory)

@@ -1,0 +1,73 @@
+"""The consistency check run before a snapshot is served, and the memo the translator keeps."""
+
+from __future__ import annotations
+
+import pytest
+import stoa_translate
+from envoy.config.cluster.v3 import cluster_pb2
+from google.protobuf import json_format
+from stoa_proto import inventory_pb2
+from stoa_translate import TranslateOptions, Translator, translate
+from stoa_translate.refusal import FailureReason, Refusal
+from stoa_translate.snapshot import CLUSTER, ROUTE, Snapshot, dangling_references
+
+OPTIONS = TranslateOptions()
+
+
+def inventory(generation: int, *upstreams: str) -> inventory_pb2.Inventory:
+    routes = [
+        {"route_id": f"r{i}", "tenant_id": "t", "api_id": f"r{i}", "methods": ["GET"], "upstream_url": url}
+        for i, url in enumerate(upstreams)
+    ]
+    doc = {"gateway_id": "gw-1", "generation": str(generation), "routes": routes}
+    return json_format.ParseDict(doc, inventory_pb2.Inventory())
+
+
+def test_a_translated_snapshot_is_consistent() -> None:
+    snapshot = translate(inventory(1, "http://10.0.0.1:80", "https://api.example.com"), OPTIONS)
+    assert dangling_references(snapshot) == []
+
+
+def test_missing_clusters_and_route_configuration_are_named() -> None:
+    good = translate(inventory(1, "http://10.0.0.1:80", "http://10.0.0.2:80"), OPTIONS)
+    # Drop one backend cluster and the ext_authz cluster, and rename the route configuration.
+    kept = [c for c in good.of(CLUSTER) if c.name == "backend_http_10.0.0.2_80"]
+    (routes,) = good.of(ROUTE)
+    renamed = type(routes)()
+    renamed.CopyFrom(routes)
+    renamed.name = "other-routes"
+    broken = Snapshot.build("gw-1", 1, {**good.resources, CLUSTER: kept, ROUTE: [renamed]})
+    assert dangling_references(broken) == [
+        "listener stoa-listener: route configuration stoa-routes is missing",
+        "listener stoa-listener: filter envoy.filters.http.ext_authz names missing cluster stoa-ext-authz",
+        "a route names missing cluster backend_http_10.0.0.1_80",
+    ]
+    # Extra clusters are allowed: they are how make-before-break keeps old routes served.
+    extra = cluster_pb2.Cluster(name="backend_http_10.9.9.9_80")
+    grown = Snapshot.build("gw-1", 1, {**good.resources, CLUSTER: [*good.of(CLUSTER), extra]})
+    assert dangling_references(grown) == []
+
+
+def test_an_inconsistent_translation_is_refused_never_returned(monkeypatch: pytest.MonkeyPatch) -> None:
+    render = stoa_translate.render_clusters
+    monkeypatch.setattr(
+        stoa_translate,
+        "render_clusters",
+        lambda site, options: [c for c in render(site, options) if c.name != "backend_http_10.0.0.1_80"],
+    )
+    with pytest.raises(Refusal) as caught:
+        translate(inventory(1, "http://10.0.0.1:80", "http://10.0.0.2:80"), OPTIONS)
+    assert caught.value.reason == FailureReason.INCONSISTENT_SNAPSHOT
+    assert caught.value.detail == "a route names missing cluster backend_http_10.0.0.1_80"
+
+
+def test_a_translator_remembering_its_last_translation_gives_what_a_fresh_one_gives() -> None:
+    remembering = Translator(OPTIONS)
+    steps = [
+        inventory(1, "http://10.0.0.1:80", "http://10.0.0.2:80"),
+        inventory(2, "http://10.0.0.1:80", "http://10.0.0.3:80"),
+        inventory(3, "http://10.0.0.1:80"),
+        inventory(4, "http://10.0.0.4:80", "http://10.0.0.3:80", "http://10.0.0.1:80"),
+    ]
+    for step in steps:
+        assert remembering.translate(step) == Translator(OPTIONS).translate(step)
