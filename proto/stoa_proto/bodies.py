@@ -17,3 +17,14 @@ DENY_BODIES: dict[int, bytes] = {
     403: _DENIED,
     503: _DENIED,
 }
+
+# The processing service's denials (and Envoy's own 413 when a body overflows its buffer, mapped by
+# the Link to the same body). A schema failure's 422 body adds the failing JSON path of the client's
+# own document to SCHEMA_BODY's fields.
+PROC_BODIES: dict[str, bytes] = {
+    "too_large": b'{"error":"payload_too_large","message":"The body is larger than allowed."}',
+    "guardrail_blocked": b'{"error":"guardrail_blocked","message":"The content was refused by a policy."}',
+    "malformed_body": DENY_BODIES[400],
+}
+SCHEMA_ERROR = "schema_invalid"
+SCHEMA_MESSAGE = "The request body does not match the expected schema."

@@ -1,0 +1,43 @@
+"""`stoa-proc`: check the settings, then run the processing service."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from pydantic import ValidationError
+
+from stoa_proc import log as jsonlog
+from stoa_proc.serve import serve
+from stoa_proc.settings import ConfigError, Settings, check
+
+log = logging.getLogger("stoa_proc")
+
+
+def _refuse(message: str) -> int:
+    log.error(message)
+    print(f"stoa-proc: {message}", file=sys.stderr)
+    return 2
+
+
+def main() -> int:
+    jsonlog.configure()
+    try:
+        settings = Settings()
+        warnings = check(settings)
+    except ValidationError as exc:
+        return _refuse(f"invalid settings: {exc}")
+    except ConfigError as exc:
+        return _refuse(str(exc))
+    for warning in warnings:
+        log.warning(warning)
+    try:
+        asyncio.run(serve(settings))
+    except OSError as exc:
+        return _refuse(f"cannot start: {exc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

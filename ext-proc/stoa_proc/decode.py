@@ -1,0 +1,147 @@
+"""Phase 1, decode: a body as sent → the text and JSON document that inspection reads.
+
+Content encodings (gzip, br, zstd, in the order applied) are undone for inspection only, with a cap
+on the decoded size and on the expansion ratio, so a decompression bomb is refused (413) before it
+is inflated. The text must be UTF-8; JSON must parse without duplicate keys (two parsers could
+otherwise disagree on which value counts).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import brotli
+import zstandard
+
+from stoa_proc.reasons import Deny, Reason
+
+_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_bytes: int
+    max_ratio: int
+
+
+def _gunzip(data: bytes, cap: int) -> bytes:
+    # wbits 47: gzip or zlib header, detected.
+    inflater = zlib.decompressobj(wbits=47)
+    out = inflater.decompress(data, cap + 1)
+    if len(out) > cap:
+        raise Deny(Reason.TOO_LARGE)
+    if not inflater.eof:
+        raise Deny(Reason.MALFORMED_BODY)
+    return out
+
+
+def _unbrotli(data: bytes, cap: int) -> bytes:
+    inflater = brotli.Decompressor()
+    parts: list[bytes] = []
+    size = 0
+    chunk = inflater.process(data, output_buffer_limit=_CHUNK)
+    while True:
+        parts.append(chunk)
+        size += len(chunk)
+        if size > cap:
+            raise Deny(Reason.TOO_LARGE)
+        if inflater.is_finished() or (not chunk and inflater.can_accept_more_data()):
+            break
+        chunk = inflater.process(b"", output_buffer_limit=_CHUNK)
+    if not inflater.is_finished():
+        raise Deny(Reason.MALFORMED_BODY)
+    return b"".join(parts)
+
+
+def _unzstd(data: bytes, cap: int) -> bytes:
+    reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
+    out = reader.read(cap + 1)
+    if len(out) > cap:
+        raise Deny(Reason.TOO_LARGE)
+    return out
+
+
+_DECODERS = {"gzip": _gunzip, "x-gzip": _gunzip, "br": _unbrotli, "zstd": _unzstd}
+
+
+def encodings(header: str) -> list[str]:
+    return [e.strip().lower() for e in header.split(",") if e.strip() and e.strip().lower() != "identity"]
+
+
+def decompress(body: bytes, content_encoding: str, limits: Limits) -> bytes:
+    """The body with every listed encoding undone (last applied first); 413 past the limits, 400 for
+    an unknown encoding or a corrupt stream."""
+    data = body
+    for name in reversed(encodings(content_encoding)):
+        decoder = _DECODERS.get(name)
+        if decoder is None:
+            raise Deny(Reason.MALFORMED_BODY)
+        cap = min(limits.max_bytes, max(len(data), 1) * limits.max_ratio)
+        try:
+            data = decoder(data, cap)
+        except (zlib.error, brotli.error, zstandard.ZstdError) as exc:
+            raise Deny(Reason.MALFORMED_BODY) from exc
+    return data
+
+
+def text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Deny(Reason.MALFORMED_BODY) from exc
+
+
+class DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        raise DuplicateKey("duplicate key")
+    return document
+
+
+def _finite(value: str) -> Any:
+    raise ValueError(f"not a JSON number: {value}")
+
+
+def parse_json(source: str) -> Any:
+    """The JSON document, `\\u` escapes decoded; 400 for duplicate keys, NaN/Infinity or bad JSON."""
+    try:
+        return json.loads(source, object_pairs_hook=_no_duplicates, parse_constant=_finite)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and DuplicateKey are ValueErrors
+        raise Deny(Reason.MALFORMED_BODY) from exc
+
+
+_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
+
+
+def unescape(text: str) -> str:
+    """`\\uXXXX` escapes in plain text decoded, so an escaped word is inspected as the word."""
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text) if "\\u" in text else text
+
+
+def is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def strings(document: Any) -> Iterator[str]:
+    """Every string of a JSON document, object keys included, depth first."""
+    stack = [document]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                yield key
+                stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(node)

@@ -1,0 +1,87 @@
+"""The processing policy set: compiled from the Link's ProcPolicySet, kept per version.
+
+A route passes the version it was built with (stream metadata), so an exchange is always processed
+with the rules its route was published with, also while a newer set is being rolled out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from google.protobuf import json_format
+from stoa_proto import proc_pb2
+
+from stoa_proc.guardrails import Guardrails, PolicyError, compile_guardrails
+
+__all__ = ["PolicyError", "PolicySet", "PolicyStore", "RoutePolicy", "compile_policy_set"]
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePolicy:
+    route_id: str
+    tenant_id: str
+    api_id: str
+    guardrails: Guardrails | None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySet:
+    version: str
+    routes: dict[str, RoutePolicy]
+
+
+def compile_policy_set(message: proc_pb2.ProcPolicySet, default_max_body_bytes: int) -> PolicySet:
+    if not message.version:
+        raise PolicyError("policy set has no version")
+    routes: dict[str, RoutePolicy] = {}
+    for route in message.routes:
+        if not route.route_id or route.route_id in routes:
+            raise PolicyError(f"route id {route.route_id!r} is empty or repeated")
+        guardrails = None
+        if route.HasField("guardrails"):
+            g = route.guardrails
+            try:
+                guardrails = compile_guardrails(
+                    g.direction,
+                    g.max_body_bytes,
+                    g.block_patterns,
+                    g.pii.kinds,
+                    g.pii.action,
+                    json_format.MessageToDict(g.json_schema) if g.HasField("json_schema") else None,
+                    default_max_body_bytes,
+                )
+            except PolicyError as exc:
+                raise PolicyError(f"route {route.route_id}: guardrails: {exc}") from exc
+        routes[route.route_id] = RoutePolicy(route.route_id, route.tenant_id, route.api_id, guardrails)
+    return PolicySet(message.version, routes)
+
+
+class PolicyStore:
+    """The last few accepted policy sets, by version; an exchange asks for the version its route names."""
+
+    def __init__(self, keep: int = 4, on_change: Callable[[], None] | None = None) -> None:
+        self._keep = keep
+        self._sets: OrderedDict[str, PolicySet] = OrderedDict()
+        self.on_change = on_change
+
+    def add(self, policy_set: PolicySet) -> None:
+        # The map is replaced, never mutated: exchanges read it without a lock.
+        sets = OrderedDict(self._sets)
+        sets.pop(policy_set.version, None)
+        sets[policy_set.version] = policy_set
+        while len(sets) > self._keep:
+            sets.popitem(last=False)
+        self._sets = sets
+        if self.on_change:
+            self.on_change()
+
+    def get(self, version: str) -> PolicySet | None:
+        return self._sets.get(version)
+
+    def versions(self) -> list[str]:
+        return list(self._sets)
+
+    def __bool__(self) -> bool:
+        return bool(self._sets)

@@ -1,0 +1,241 @@
+"""The ExternalProcessor: one gRPC stream per HTTP exchange, its messages taken in order.
+
+Envoy opens a stream only on routes with a body policy; the route names itself and the policy-set
+version it was built with in the stream's metadata. Request: headers (a declared size over the limit
+is refused at once, before any body is read), then the buffered body (size, decode, inspect,
+redact). Response: headers (a server-sent event stream switches the body to streamed mode), then the
+body, buffered or event by event. Any denial ends the exchange with an immediate response; anything
+unforeseen is a 503, never a pass.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+from envoy.service.ext_proc.v3.external_processor_pb2 import (
+    HttpHeaders,
+    ProcessingRequest,
+    ProcessingResponse,
+)
+
+from stoa_proc import decode, respond
+from stoa_proc.decode import Limits
+from stoa_proc.guardrails import Guardrails
+from stoa_proc.log import DecisionLog
+from stoa_proc.policy import PolicyStore, RoutePolicy
+from stoa_proc.reasons import Deny, Reason
+from stoa_proc.stream import SseGuard
+
+ROUTE_METADATA = "x-stoa-route-id"
+VERSION_METADATA = "x-stoa-proc-version"
+
+_STREAMED_RESPONSE = ProcessingMode(response_body_mode=ProcessingMode.STREAMED)
+
+log = logging.getLogger("stoa_proc.process")
+
+
+def _headers(message: HttpHeaders) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for header in message.headers.headers:
+        value = header.raw_value.decode("latin-1") if header.raw_value else header.value
+        found[header.key.lower()] = value
+    return found
+
+
+@dataclass
+class Exchange:
+    """The state of one HTTP exchange across its messages."""
+
+    route: RoutePolicy | None
+    version: str
+    max_ratio: int
+    request_id: str = ""
+    request_type: str = ""
+    request_encoding: str = ""
+    response_type: str = ""
+    response_encoding: str = ""
+    sse: SseGuard | None = None
+    outcome: Reason = Reason.ALLOWED
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def guardrails(self) -> Guardrails | None:
+        return self.route.guardrails if self.route else None
+
+    def limits(self, guardrails: Guardrails) -> Limits:
+        return Limits(guardrails.max_body_bytes, self.max_ratio)
+
+    def handle(self, request: ProcessingRequest) -> ProcessingResponse:
+        phase = request.WhichOneof("request")
+        if phase == "request_headers":
+            return self.request_headers(request.request_headers)
+        if phase == "request_body":
+            return self.body(request.request_body.body, request.request_body.end_of_stream, request=True)
+        if phase == "response_headers":
+            return self.response_headers(request.response_headers)
+        if phase == "response_body":
+            return self.body(request.response_body.body, request.response_body.end_of_stream, request=False)
+        if phase == "request_trailers":
+            return ProcessingResponse(request_trailers={})
+        if phase == "response_trailers":
+            return ProcessingResponse(response_trailers={})
+        raise Deny(Reason.INTERNAL_ERROR)
+
+    def request_headers(self, message: HttpHeaders) -> ProcessingResponse:
+        headers = _headers(message)
+        self.request_id = headers.get("x-request-id", "")
+        if self.route is None:
+            # Which reason was decided when the stream opened; the first message carries it out.
+            raise Deny(self.outcome)
+        self.request_type = headers.get("content-type", "")
+        self.request_encoding = headers.get("content-encoding", "")
+        guardrails = self.guardrails
+        if guardrails and guardrails.request:
+            declared = headers.get("content-length", "")
+            # Refused on the declared size, before Envoy buffers a byte of the body.
+            if declared.isdigit() and int(declared) > guardrails.max_body_bytes:
+                raise Deny(Reason.TOO_LARGE)
+        return respond.proceed_headers(request=True)
+
+    def response_headers(self, message: HttpHeaders) -> ProcessingResponse:
+        headers = _headers(message)
+        self.response_type = headers.get("content-type", "")
+        self.response_encoding = headers.get("content-encoding", "")
+        guardrails = self.guardrails
+        if guardrails and guardrails.response and self.response_type.startswith("text/event-stream"):
+            if decode.encodings(self.response_encoding):
+                # An encoded event stream cannot be inspected event by event: refused, never passed.
+                raise Deny(Reason.MALFORMED_BODY)
+            self.sse = SseGuard(guardrails)
+            return respond.proceed_headers(request=False, mode_override=_STREAMED_RESPONSE)
+        return respond.proceed_headers(request=False)
+
+    def body(self, data: bytes, end_of_stream: bool, *, request: bool) -> ProcessingResponse:
+        guardrails = self.guardrails
+        if guardrails is None or not (guardrails.request if request else guardrails.response):
+            return respond.proceed_body(request)
+        if not request and self.sse is not None:
+            passed = self.sse.feed(data, end_of_stream)
+            if self.sse.denied is not None:
+                self.outcome = self.sse.denied
+            if passed == data:
+                return respond.proceed_body(request)
+            return respond.replace_body(request, passed, whole=False)
+        if len(data) > guardrails.max_body_bytes:
+            raise Deny(Reason.TOO_LARGE)
+        content_type = self.request_type if request else self.response_type
+        encoding = self.request_encoding if request else self.response_encoding
+        plain = decode.decompress(data, encoding, self.limits(guardrails))
+        if not plain:
+            return respond.proceed_body(request)
+        text = decode.text(plain)
+        if decode.is_json(content_type):
+            document = decode.parse_json(text)
+            for value in decode.strings(document):
+                guardrails.check_text(value)
+            if request:
+                guardrails.check_schema(document)
+            redacted = _redact_json(document, guardrails)
+            if redacted is document:
+                return respond.proceed_body(request)
+            self.outcome = Reason.REDACTED
+            return respond.replace_body(request, _dump(redacted), whole=True)
+        # Escapes are decoded for matching only: a `\u0041` in plain text is inspected as `A`.
+        guardrails.check_text(text)
+        unescaped = decode.unescape(text)
+        if unescaped != text:
+            guardrails.check_text(unescaped)
+        redacted_text = guardrails.redact_text(text)
+        if redacted_text == text:
+            return respond.proceed_body(request)
+        self.outcome = Reason.REDACTED
+        return respond.replace_body(request, redacted_text.encode(), whole=True)
+
+
+def _dump(document: object) -> bytes:
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _redact_json(document: object, guardrails: Guardrails) -> object:
+    """The document with PII redacted in its strings; the same object when nothing changed."""
+    if not (guardrails.pii and guardrails.redact):
+        return document
+    if isinstance(document, str):
+        redacted = guardrails.redact_text(document)
+        return document if redacted == document else redacted
+    if isinstance(document, list):
+        items = [_redact_json(item, guardrails) for item in document]
+        return document if all(a is b for a, b in zip(items, document, strict=True)) else items
+    if isinstance(document, dict):
+        pairs = [(guardrails.redact_text(k), _redact_json(v, guardrails)) for k, v in document.items()]
+        unchanged = all(
+            k2 == k1 and v2 is v1 for (k2, v2), (k1, v1) in zip(pairs, document.items(), strict=True)
+        )
+        return document if unchanged else dict(pairs)
+    return document
+
+
+class ProcessingService(external_processor_pb2_grpc.ExternalProcessorServicer):
+    def __init__(self, store: PolicyStore, decisions: DecisionLog, max_ratio: int) -> None:
+        self._store = store
+        self._decisions = decisions
+        self._max_ratio = max_ratio
+
+    def open(self, metadata: dict[str, str]) -> Exchange:
+        version = metadata.get(VERSION_METADATA, "")
+        policy_set = self._store.get(version)
+        exchange = Exchange(None, version, self._max_ratio)
+        if policy_set is None:
+            exchange.outcome = Reason.POLICY_UNAVAILABLE
+            return exchange
+        route = policy_set.routes.get(metadata.get(ROUTE_METADATA, ""))
+        if route is None:
+            exchange.outcome = Reason.UNKNOWN_ROUTE
+            return exchange
+        exchange.route = route
+        return exchange
+
+    async def Process(
+        self, request_iterator: AsyncIterator[ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[ProcessingResponse]:
+        metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        exchange = self.open(metadata)
+        phase = ""
+        try:
+            async for request in request_iterator:
+                phase = request.WhichOneof("request") or ""
+                try:
+                    response = exchange.handle(request)
+                except Deny as deny:
+                    exchange.outcome = deny.reason
+                    yield respond.immediate(deny.reason, deny.path)
+                    return
+                except Exception:
+                    log.exception("processing failed", extra={"phase": phase})
+                    exchange.outcome = Reason.INTERNAL_ERROR
+                    yield respond.immediate(Reason.INTERNAL_ERROR)
+                    return
+                yield response
+        finally:
+            # One event per exchange, also when the client went away mid-stream.
+            self._record(exchange, phase)
+
+    def _record(self, exchange: Exchange, phase: str) -> None:
+        route = exchange.route
+        self._decisions.emit(
+            exchange.outcome,
+            phase=phase,
+            tenant=route.tenant_id if route else "",
+            api=route.api_id if route else "",
+            route=route.route_id if route else "",
+            request_id=exchange.request_id,
+            latency_ms=(time.perf_counter() - exchange.started) * 1000,
+            policy_set_version=exchange.version,
+        )

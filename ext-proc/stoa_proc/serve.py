@@ -1,0 +1,77 @@
+"""One service process: the gRPC ExternalProcessor + health, the HTTP endpoints, the ADS subscription.
+
+grpcio's asyncio server: an ext_proc stream lives as long as its HTTP exchange (a streamed completion
+for many seconds), so a thread per stream, as the synchronous server would hold, does not fit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from stoa_proc.ads import PolicySubscription, channel_credentials
+from stoa_proc.health import HttpEndpoints, Readiness
+from stoa_proc.log import DecisionLog
+from stoa_proc.policy import PolicyStore
+from stoa_proc.process import ProcessingService
+from stoa_proc.settings import Settings, split_address
+
+log = logging.getLogger("stoa_proc.serve")
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    store = PolicyStore(keep=settings.policy_sets_kept)
+    readiness = Readiness(store)
+    decisions = DecisionLog()
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", 2 * settings.max_body_bytes + 65536)]
+    )
+    external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
+        ProcessingService(store, decisions, settings.max_inflate_ratio), server
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(readiness.grpc, server)
+    if not server.add_insecure_port(settings.grpc_address):
+        raise OSError(f"cannot bind gRPC address {settings.grpc_address}")
+    await readiness.publish()
+    await server.start()
+    try:
+        host, port = split_address(settings.http_address)
+        http = await HttpEndpoints(readiness, store, decisions).start(host, port)
+        credentials = None
+        if settings.tls_files:
+            ca, cert, key = (path.read_bytes() for path in settings.tls_files)
+            credentials = channel_credentials(ca, cert, key)
+        subscription = PolicySubscription(
+            settings.ads_address,
+            store,
+            settings.max_body_bytes,
+            credentials,
+            settings.ads_server_name,
+            on_change=readiness.publish,
+        )
+        ads_task = loop.create_task(subscription.run())
+        log.info(
+            "started", extra={"grpc_address": settings.grpc_address, "http_address": settings.http_address}
+        )
+        try:
+            await stop.wait()
+        finally:
+            ads_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ads_task
+            http.close()
+            await http.wait_closed()
+    finally:
+        await server.stop(grace=1)

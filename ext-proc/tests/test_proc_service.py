@@ -1,0 +1,223 @@
+"""The ExternalProcessor over a real gRPC channel: one stream per exchange, messages in Envoy's order,
+the route and policy-set version read from the stream's metadata; and the ADS client's ACK/NACK."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from envoy.service.discovery.v3 import ads_pb2_grpc
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
+from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
+from google.protobuf import any_pb2, struct_pb2
+from stoa_harness.wait import wait_until_async
+from stoa_proc.ads import TYPE_URL, PolicySubscription
+from stoa_proc.log import DecisionLog
+from stoa_proc.policy import PolicyStore, compile_policy_set
+from stoa_proc.process import ROUTE_METADATA, VERSION_METADATA, ProcessingService
+from stoa_proto import proc_pb2
+from stoa_proto.bodies import PROC_BODIES
+
+LIMIT = 4096
+
+
+def policy_set(version: str = "v1") -> proc_pb2.ProcPolicySet:
+    schema = struct_pb2.Struct()
+    schema.update({"type": "object", "properties": {"n": {"type": "integer"}}})
+    message = proc_pb2.ProcPolicySet(name="default", version=version)
+    message.routes.add(
+        route_id="chat",
+        tenant_id="acme",
+        api_id="chat",
+        guardrails=proc_pb2.Guardrails(
+            direction="both",
+            max_body_bytes=LIMIT,
+            block_patterns=["forbidden fruit"],
+            pii=proc_pb2.PiiRule(kinds=["email"], action="redact"),
+            json_schema=schema,
+        ),
+    )
+    return message
+
+
+@pytest.fixture(scope="module")
+async def processor() -> AsyncIterator[tuple[external_processor_pb2_grpc.ExternalProcessorStub, DecisionLog]]:
+    store = PolicyStore()
+    store.add(compile_policy_set(policy_set(), LIMIT))
+    decisions = DecisionLog()
+    server = grpc.aio.server()
+    external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
+        ProcessingService(store, decisions, max_ratio=20), server
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield external_processor_pb2_grpc.ExternalProcessorStub(channel), decisions
+    await server.stop(grace=None)
+
+
+def headers(end: bool = False, **values: str) -> HttpHeaders:
+    return HttpHeaders(
+        headers=HeaderMap(
+            headers=[HeaderValue(key=k.replace("_", "-"), raw_value=v.encode()) for k, v in values.items()]
+        ),
+        end_of_stream=end,
+    )
+
+
+async def exchange(stub, messages: list[ProcessingRequest], route: str = "chat", version: str = "v1"):
+    call = stub.Process(metadata=((ROUTE_METADATA, route), (VERSION_METADATA, version)))
+    answers = []
+    for message in messages:
+        await call.write(message)
+        answer = await call.read()
+        answers.append(answer)
+        if answer.HasField("immediate_response"):
+            break
+    await call.done_writing()
+    return answers
+
+
+def request(body: bytes, **values: str) -> list[ProcessingRequest]:
+    return [
+        ProcessingRequest(request_headers=headers(content_type="application/json", **values)),
+        ProcessingRequest(request_body=HttpBody(body=body, end_of_stream=True)),
+    ]
+
+
+async def test_declared_size_over_the_limit_is_413_at_the_headers(processor) -> None:
+    stub, _ = processor
+    answers = await exchange(stub, request(b"{}", content_length=str(LIMIT + 1)))
+    assert len(answers) == 1
+    immediate = answers[0].immediate_response
+    assert immediate.status.code == 413
+    assert immediate.body == PROC_BODIES["too_large"]
+
+
+async def test_clean_body_continues_and_redaction_fixes_the_headers(processor) -> None:
+    stub, _ = processor
+    clean = await exchange(stub, request(b'{"n":1,"q":"hi"}'))
+    assert clean[0].HasField("request_headers")
+    assert not clean[1].request_body.response.HasField("body_mutation")
+
+    compressed = gzip.compress(b'{"q":"mail bob@example.com"}')
+    answers = await exchange(stub, request(compressed, content_encoding="gzip"))
+    common = answers[1].request_body.response
+    assert json.loads(common.body_mutation.body) == {"q": "mail [redacted]"}
+    mutation = common.header_mutation
+    assert mutation.remove_headers == ["content-encoding"]
+    assert [(h.header.key, h.header.raw_value) for h in mutation.set_headers] == [
+        ("content-length", str(len(common.body_mutation.body)).encode())
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "error"),
+    [
+        (b'{"q":"the FORBIDDEN fruit"}', 403, "guardrail_blocked"),
+        (b'{"q":"the forbidden \\u0066ruit"}', 403, "guardrail_blocked"),
+        (b'{"n":"one"}', 422, "schema_invalid"),
+        (b'{"n":1,"n":2}', 400, "bad_request"),
+        (b'{"n":', 400, "bad_request"),
+    ],
+)
+async def test_denials(processor, body: bytes, status: int, error: str) -> None:
+    stub, _ = processor
+    answers = await exchange(stub, request(body))
+    immediate = answers[-1].immediate_response
+    assert immediate.status.code == status
+    assert json.loads(immediate.body)["error"] == error
+    if status == 422:
+        assert json.loads(immediate.body)["path"] == "$.n"
+
+
+async def test_unknown_version_is_503_and_unknown_route_403(processor) -> None:
+    stub, _ = processor
+    answers = await exchange(stub, request(b"{}"), version="v-unknown")
+    immediate = answers[0].immediate_response
+    assert immediate.status.code == 503
+    assert [(h.header.key, h.header.raw_value) for h in immediate.headers.set_headers][1] == (
+        "retry-after",
+        b"1",
+    )
+    answers = await exchange(stub, request(b"{}"), route="other")
+    assert answers[0].immediate_response.status.code == 403
+
+
+async def test_event_stream_switches_to_streamed_and_is_cut_at_the_pattern(processor) -> None:
+    stub, decisions = processor
+    before = decisions.counts["guardrail_blocked"]
+    chunks = [
+        b'data: {"choices":[{"delta":{"content":"forbid"}}]}\n\n',
+        b'data: {"choices":[{"delta":{"content":"den fruit"}}]}\n\n',
+    ]
+    answers = await exchange(
+        stub,
+        [
+            *request(b"{}"),
+            ProcessingRequest(response_headers=headers(content_type="text/event-stream")),
+            ProcessingRequest(response_body=HttpBody(body=chunks[0])),
+            ProcessingRequest(response_body=HttpBody(body=chunks[1], end_of_stream=True)),
+        ],
+    )
+    assert answers[2].mode_override.response_body_mode == ProcessingMode.STREAMED
+    assert not answers[3].response_body.response.HasField("body_mutation")
+    replaced = answers[4].response_body.response.body_mutation.body
+    assert replaced.startswith(b"event: error\n")
+    # One decision per exchange, written when the server side of the stream ends.
+    await wait_until_async(lambda: decisions.counts["guardrail_blocked"] == before + 1, what="decision")
+
+
+class OneShotAds(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
+    """Sends the given responses one after another and records the requests that answer them."""
+
+    def __init__(self, responses: list[DiscoveryResponse]) -> None:
+        self.responses = responses
+        self.requests: asyncio.Queue = asyncio.Queue()
+
+    async def StreamAggregatedResources(self, request_iterator, context):
+        first = await request_iterator.__anext__()
+        await self.requests.put(first)
+        for response in self.responses:
+            yield response
+            await self.requests.put(await request_iterator.__anext__())
+        await asyncio.Event().wait()
+
+
+def response(message: proc_pb2.ProcPolicySet, nonce: str) -> DiscoveryResponse:
+    resource = any_pb2.Any()
+    resource.Pack(message)
+    return DiscoveryResponse(
+        version_info=message.version, type_url=TYPE_URL, nonce=nonce, resources=[resource]
+    )
+
+
+async def test_ads_acks_a_usable_set_and_nacks_a_bad_pattern() -> None:
+    bad = policy_set("v2")
+    bad.routes[0].guardrails.block_patterns.append("(?<=lookbehind)")
+    ads = OneShotAds([response(policy_set("v1"), "n1"), response(bad, "n2")])
+    server = grpc.aio.server()
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(ads, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    store = PolicyStore()
+    task = asyncio.create_task(PolicySubscription(f"127.0.0.1:{port}", store, LIMIT).run())
+    try:
+        subscribe = await asyncio.wait_for(ads.requests.get(), 10)
+        assert (subscribe.type_url, subscribe.version_info) == (TYPE_URL, "")
+        ack = await asyncio.wait_for(ads.requests.get(), 10)
+        assert (ack.response_nonce, ack.version_info, ack.error_detail.message) == ("n1", "v1", "")
+        nack = await asyncio.wait_for(ads.requests.get(), 10)
+        assert (nack.response_nonce, nack.version_info) == ("n2", "v1")
+        assert "RE2" in nack.error_detail.message
+        assert store.versions() == ["v1"]
+    finally:
+        task.cancel()
+        await server.stop(grace=None)

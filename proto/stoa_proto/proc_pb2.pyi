@@ -1,0 +1,56 @@
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PiiRule(_message.Message):
+    __slots__ = ("kinds", "action")
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    action: str
+    def __init__(self, kinds: _Optional[_Iterable[str]] = ..., action: _Optional[str] = ...) -> None: ...
+
+class Guardrails(_message.Message):
+    __slots__ = ("direction", "max_body_bytes", "block_patterns", "pii", "json_schema")
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    MAX_BODY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_PATTERNS_FIELD_NUMBER: _ClassVar[int]
+    PII_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    direction: str
+    max_body_bytes: int
+    block_patterns: _containers.RepeatedScalarFieldContainer[str]
+    pii: PiiRule
+    json_schema: _struct_pb2.Struct
+    def __init__(self, direction: _Optional[str] = ..., max_body_bytes: _Optional[int] = ..., block_patterns: _Optional[_Iterable[str]] = ..., pii: _Optional[_Union[PiiRule, _Mapping]] = ..., json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class ProcRoute(_message.Message):
+    __slots__ = ("route_id", "tenant_id", "api_id", "guardrails")
+    ROUTE_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    API_ID_FIELD_NUMBER: _ClassVar[int]
+    GUARDRAILS_FIELD_NUMBER: _ClassVar[int]
+    route_id: str
+    tenant_id: str
+    api_id: str
+    guardrails: Guardrails
+    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., guardrails: _Optional[_Union[Guardrails, _Mapping]] = ...) -> None: ...
+
+class ProcPolicySet(_message.Message):
+    __slots__ = ("name", "version", "gateway_id", "generation", "routes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    gateway_id: str
+    generation: int
+    routes: _containers.RepeatedCompositeFieldContainer[ProcRoute]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[ProcRoute, _Mapping]]] = ...) -> None: ...
