@@ -1,9 +1,13 @@
 """Phase 3, identify: a bearer JWT checked against the keys of an issuer the route's tenant trusts.
 
 Asymmetric algorithms only (the allowed set comes from the key: a symmetric key never loads, so
-neither `none` nor HMAC-with-a-public-key can verify); `iss`, `aud` and `exp` required; `exp`/`nbf`
-with a small leeway. An unknown `kid` triggers at most one bounded JWKS fetch per issuer and interval.
-(Check caches the decision for a verified token until the token expires.)
+neither `none` nor HMAC-with-a-public-key can verify); `iss`, `aud`, `exp` and `sub` required (RFC
+9068); `exp`/`nbf` with a small leeway; a lifetime (`exp - iat`, or `exp - now` without `iat`) above
+the maximum is refused, so a stolen long-lived token is not honoured. A `sub` is copied into an
+upstream header: one holding a control character is an invalid token (Envoy would refuse the header
+and the client would get a retryable 503 instead of a 401). An unknown `kid` triggers at most one
+bounded JWKS fetch per issuer and interval. (Check caches the decision for a verified token until
+the token expires.)
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from stoa_authz.policy import PolicyError, Route, TrustedIssuer, VerificationKey
 from stoa_authz.reasons import Deny, Reason
 
 LEEWAY_S = 30
+DEFAULT_MAX_LIFETIME_S = 86_400
 REFRESH_INTERVAL_S = 30.0
 _MAX_TOKEN_BYTES = 16_384
 
@@ -83,8 +88,10 @@ class Identifier:
         tenant_claim: str,
         fetch_timeout_s: float = 2.0,
         clock: Callable[[], float] = time.time,
+        max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S,
     ) -> None:
         self._tenant_claim = tenant_claim
+        self._max_lifetime_s = max_lifetime_s
         self._fetch_timeout_s = fetch_timeout_s
         self.clock = clock
         self._claims = JWTClaimsRegistry(
@@ -93,6 +100,7 @@ class Identifier:
             iss={"essential": True},
             aud={"essential": True, "value": audience},
             exp={"essential": True},
+            sub={"essential": True},
         )
 
     def identify(self, token: str, route: Route) -> Identity:
@@ -131,14 +139,21 @@ class Identifier:
         except JoseError as exc:  # missing or invalid claim: aud has its own reason
             wrong_aud = getattr(exc, "claim", "") == "aud"
             raise Deny(Reason.WRONG_AUDIENCE if wrong_aud else Reason.INVALID_TOKEN) from exc
+        issued_at = claims.get("iat")
         try:
             expires_at = float(claims["exp"])
+            # The library checks iat's type only when present; anything else counts from now.
+            start = float(issued_at) if isinstance(issued_at, int | float) else self.clock()
         except OverflowError as exc:  # an integer beyond any date (the library checks only its type)
             raise Deny(Reason.INVALID_TOKEN) from exc
-        subject = claims.get("sub", "")
+        if expires_at - start > self._max_lifetime_s:
+            raise Deny(Reason.INVALID_TOKEN)
+        subject = claims["sub"]
+        if not isinstance(subject, str) or not subject or not subject.isprintable():
+            raise Deny(Reason.INVALID_TOKEN)
         tenant = claims.get(self._tenant_claim)
         return Identity(
-            subject=subject if isinstance(subject, str) else "",
+            subject=subject,
             tenant=tenant if isinstance(tenant, str) else None,
             scopes=granted_scopes(claims),
             expires_at=expires_at,

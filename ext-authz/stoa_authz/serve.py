@@ -54,7 +54,10 @@ async def serve(settings: Settings, envelope: Envelope, stop: asyncio.Event | No
     readiness = Readiness(bool(settings.audience), store)
     store.on_change = readiness.publish
     identifier = Identifier(
-        settings.audience, settings.tenant_claim, fetch_timeout_s=settings.jwks_fetch_timeout_s
+        settings.audience,
+        settings.tenant_claim,
+        fetch_timeout_s=settings.jwks_fetch_timeout_s,
+        max_lifetime_s=settings.max_token_lifetime_s,
     )
     config = DecisionConfig(
         settings.audience, frozenset(settings.required_scopes), cache_size=settings.token_cache_size

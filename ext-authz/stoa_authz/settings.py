@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     policy_sets_kept: int = Field(default=4, ge=1, le=64)
     token_cache_size: int = Field(default=10_000, ge=0)
     jwks_fetch_timeout_s: float = Field(default=2.0, gt=0, le=30)
+    # Longest token lifetime honoured: exp - iat, or exp - now for a token without iat.
+    max_token_lifetime_s: int = Field(default=86_400, ge=60)
 
     @field_validator("audience")
     @classmethod

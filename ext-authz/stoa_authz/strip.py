@@ -1,8 +1,8 @@
 """Phase 2, strip: find every inbound identity header, and take the credential out for identify.
 
-THE list (documented in the README): names starting with `x-stoa-`, `x-user-`, `x-auth-`, and the
-names `x-tenant-id`, `x-forwarded-user` are inbound identity headers — never trusted, and removed
-before the request reaches the upstream. Of the credentials (`authorization`, `cookie`,
+The inbound identity headers are `stoa_proto.client_headers` (the one list, with its reasons): Envoy
+strips them before any filter runs, so they reach this phase only if that stripping is ever lost;
+they never count here, and an allow removes any that arrive. Of the credentials (`authorization`, `cookie`,
 `proxy-authorization`) only the `authorization` value goes on, to the identify phase only; no later
 phase reads headers, so nothing else is kept.
 """
@@ -11,12 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-IDENTITY_PREFIXES = ("x-stoa-", "x-user-", "x-auth-")
-IDENTITY_NAMES = frozenset({"x-tenant-id", "x-forwarded-user"})
-
-
-def is_identity_header(name: str) -> bool:
-    return name in IDENTITY_NAMES or name.startswith(IDENTITY_PREFIXES)
+from stoa_proto.client_headers import is_identity_header
 
 
 @dataclass(frozen=True, slots=True)

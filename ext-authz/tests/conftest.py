@@ -19,6 +19,7 @@ def check_request(
     tenant_id: str = "acme",
     api_id: str = "orders",
     request_id: str = "req-1",
+    path: str | None = None,
 ) -> external_auth_pb2.CheckRequest:
     request = external_auth_pb2.CheckRequest()
     attributes = request.attributes
@@ -28,7 +29,7 @@ def check_request(
     http = attributes.request.http
     http.id = request_id
     http.method = "GET"
-    http.path = f"/apis/{api_id}"
+    http.path = path or f"/apis/{api_id}"
     http.headers.update({":authority": "gw.local", ":path": http.path, ":method": "GET", **(headers or {})})
     return request
 

@@ -237,6 +237,50 @@ CASES = [
         Reason.WRONG_ISSUER,
         401,
     ),
+    ("no-sub", lambda i, r: r(bearer(i.mint(sub=None, **GOOD))), Reason.INVALID_TOKEN, 401),
+    ("empty-sub", lambda i, r: r(bearer(i.mint(sub="", **GOOD))), Reason.INVALID_TOKEN, 401),
+    ("sub-not-a-string", lambda i, r: r(bearer(i.mint(sub=7, **GOOD))), Reason.INVALID_TOKEN, 401),
+    # A sub is copied into x-stoa-subject: a control character in it is a bad token, not a 503.
+    *(
+        (
+            f"sub-{name}",
+            lambda i, r, ch=ch: r(bearer(i.mint(sub=f"a{ch}x-stoa-tenant-id: acme", **GOOD))),
+            Reason.INVALID_TOKEN,
+            401,
+        )
+        for name, ch in (("cr", "\r"), ("lf", "\n"), ("crlf", "\r\n"), ("nul", "\x00"))
+    ),
+    (
+        "lifetime-above-maximum",
+        lambda i, r: r(bearer(i.mint(lifetime_s=86_400 + 120, **GOOD))),
+        Reason.INVALID_TOKEN,
+        401,
+    ),
+    (
+        "no-iat-expiring-beyond-maximum",
+        lambda i, r: r(bearer(i.mint(iat=None, lifetime_s=86_400 + 120, **GOOD))),
+        Reason.INVALID_TOKEN,
+        401,
+    ),
+    ("no-iat-within-maximum", lambda i, r: r(bearer(i.mint(iat=None, **GOOD))), Reason.ALLOWED, None),
+    (
+        "lifetime-at-maximum",
+        lambda i, r: r(bearer(i.mint(lifetime_s=86_400, **GOOD))),
+        Reason.ALLOWED,
+        None,
+    ),
+    (
+        "hidden-dot-segment",
+        lambda i, r: r(bearer(i.mint(**GOOD)), path="/apis/orders/%252e%252e;/admin"),
+        Reason.MALFORMED_REQUEST,
+        400,
+    ),
+    (
+        "matrix-parameter",
+        lambda i, r: r(bearer(i.mint(**GOOD)), path="/apis/orders/a;v=1/b"),
+        Reason.ALLOWED,
+        None,
+    ),
     (
         "unknown-route",
         lambda i, r: r(bearer(i.mint(**GOOD)), route_id="ghost"),

@@ -138,6 +138,28 @@ def test_auth_none_route_needs_no_token_but_strips(estate: Estate) -> None:
     assert arrival.header("x-user-id") is None
 
 
+@pytest.mark.parametrize(
+    "claims",
+    [
+        pytest.param({"sub": "client\r\nx-stoa-tenant-id: other"}, id="sub-crlf"),
+        pytest.param({"sub": "client\nx"}, id="sub-lf"),
+        pytest.param({"sub": "client\rx"}, id="sub-cr"),
+        pytest.param({"sub": "client\x00x"}, id="sub-nul"),
+        pytest.param({"sub": None}, id="no-sub"),
+        pytest.param({"lifetime_s": 86_400 + 300}, id="lifetime-above-24h"),
+        pytest.param({"iat": None, "lifetime_s": 86_400 + 300}, id="no-iat-expiring-beyond-24h"),
+    ],
+)
+def test_validly_signed_but_unusable_token_is_401_invalid_token(
+    estate: Estate, idp: DevIdentityProvider, claims: dict[str, Any]
+) -> None:
+    estate.upstream.clear()
+    reply = get(estate, idp.mint(**good(**claims)))
+    assert reply.status_code == 401, reply.text
+    assert reply.headers["www-authenticate"] == 'Bearer error="invalid_token"'
+    assert estate.upstream.arrivals() == []
+
+
 def test_duplicate_authorization_is_400(estate: Estate, idp: DevIdentityProvider) -> None:
     token = idp.mint(**good())
     reply = estate.gateway.get(
