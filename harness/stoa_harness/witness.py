@@ -8,6 +8,8 @@ cluster is HTTP/2 without TLS) and runs on its own asyncio loop in its own threa
         w.allow()                        # the default: allow (optionally adding upstream headers)
         w.deny()                         # 403 with the neutral deny body
         w.hang()                         # never answer ... until w.release() (then the current rule)
+        w.fail(grpc.StatusCode.INTERNAL) # answer every Check with that gRPC error status
+        w.slow(0.5)                      # answer by the current rule, but only after 0.5 s
         w.crash()                        # stop serving (connections refused); w.start() comes back
         w.set_rule(lambda check: Deny() if check.method == "POST" else Allow())
         w.checks()                       # [Check(at, method, path, host, headers, context_extensions, body)]
@@ -74,7 +76,22 @@ class Hang:
     """Never answer until `CheckWitness.release()`."""
 
 
-Decision = Allow | Deny | Hang
+@dataclass(frozen=True)
+class Fail:
+    """Answer with a gRPC error status instead of a CheckResponse."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+@dataclass(frozen=True)
+class Late:
+    """Answer `then`, but only `delay_s` seconds after the Check arrived."""
+
+    delay_s: float
+    then: Allow | Deny = field(default_factory=Allow)
+
+
+Decision = Allow | Deny | Hang | Fail | Late
 Rule = Decision | Callable[[Check], Decision]
 
 
@@ -205,6 +222,12 @@ class CheckWitness(Lifecycle, external_auth_pb2_grpc.AuthorizationServicer):
     def hang(self) -> None:
         self.set_rule(Hang())
 
+    def fail(self, code: grpc.StatusCode = grpc.StatusCode.INTERNAL) -> None:
+        self.set_rule(Fail(code))
+
+    def slow(self, delay_s: float, then: Allow | Deny | None = None) -> None:
+        self.set_rule(Late(delay_s, then or Allow()))
+
     def release(self, rule: Rule | None = None) -> None:
         """End a hang: the held Checks (and later ones) are answered by `rule` (default: allow)."""
         self.set_rule(rule if rule is not None else Allow())
@@ -245,6 +268,11 @@ class CheckWitness(Lifecycle, external_auth_pb2_grpc.AuthorizationServicer):
             with self._lock:
                 rule = self._rule
             decision = rule(check) if callable(rule) else rule
+            if isinstance(decision, Fail):
+                await context.abort(decision.code, "scripted failure")
+            if isinstance(decision, Late):
+                await asyncio.sleep(decision.delay_s)
+                return _response(decision.then)
             if not isinstance(decision, Hang):
                 return _response(decision)
             assert self._released is not None

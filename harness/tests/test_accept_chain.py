@@ -10,6 +10,7 @@ import http.client
 import time
 from collections.abc import Sequence
 
+import grpc
 import pytest
 from stoa_harness.estate import Estate
 from stoa_harness.wait import wait_until
@@ -344,3 +345,42 @@ def test_witness_hanging_past_the_timeout_gives_503_without_retry(chain: Estate)
     assert sorted(c.header("x-probe") or "" for c in held) == ["held-get", "held-post"]
     wait_serving(chain)
     assert [a.path for a in chain.upstream.arrivals()] == ["/chain-up/ready"]
+
+
+def test_witness_answering_grpc_internal_gives_503_with_the_neutral_body_and_upstream_untouched(
+    chain: Estate,
+) -> None:
+    chain.witness.deny()
+    denied = send(chain, "GET", "/apis/chain/a")
+    chain.witness.clear()
+    chain.witness.fail(grpc.StatusCode.INTERNAL)
+    get = send(chain, "GET", "/apis/chain/a")
+    post = send(chain, "POST", "/apis/chain/a", body=b'{"pay":1}')
+
+    assert_unavailable(get, denied)
+    assert_unavailable(post, denied)
+    assert len(chain.witness.checks()) == 2  # it was asked, and said INTERNAL: no retry
+    assert chain.upstream.arrivals() == []
+
+
+def test_witness_allowing_after_the_timeout_gives_503_and_the_late_allow_is_ignored(chain: Estate) -> None:
+    chain.witness.deny()
+    denied = send(chain, "GET", "/apis/chain/a")
+    chain.witness.clear()
+    late_s = 1.0  # four times the Link's default ext_authz timeout (250 ms)
+    chain.witness.slow(late_s)  # then allow
+    started = time.monotonic()
+    get = send(chain, "GET", "/apis/chain/a")
+    post = send(chain, "POST", "/apis/chain/a", body=b'{"pay":1}')
+    answered_in = time.monotonic() - started
+
+    assert_unavailable(get, denied)
+    assert_unavailable(post, denied)
+    assert answered_in < 2 * late_s  # Envoy gave up on each Check, it did not wait for the allow
+    checks = chain.witness.checks()
+    assert len(checks) == 2
+    # Past the moment the last late allow was sent, still nothing reached the upstream.
+    wait_until(lambda: time.monotonic() > checks[-1].at + late_s + 0.2, 5, "late allows sent")
+    assert chain.upstream.arrivals() == []
+    chain.witness.allow()
+    wait_serving(chain)

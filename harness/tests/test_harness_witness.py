@@ -3,6 +3,8 @@ a real Envoy; here, that each scripted rule answers as documented and everything
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import httpx
 import pytest
@@ -79,6 +81,22 @@ def test_crash_refuses_connections_until_started_again(witness: CheckWitness, st
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     witness.start()
     assert stub.Check(_request(), timeout=10, wait_for_ready=True).status.code == code_pb2.OK
+
+
+def test_fail_answers_with_the_grpc_status(witness: CheckWitness, stub) -> None:
+    witness.fail(grpc.StatusCode.INTERNAL)
+    with pytest.raises(grpc.RpcError) as failed:
+        stub.Check(_request(), timeout=5, wait_for_ready=True)
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert len(witness.checks()) == 1
+
+
+def test_slow_answers_the_rule_only_after_the_delay(witness: CheckWitness, stub) -> None:
+    witness.slow(0.4, Deny())
+    started = time.monotonic()
+    answer = stub.Check(_request(), timeout=5, wait_for_ready=True)
+    assert time.monotonic() - started >= 0.4
+    assert answer.denied_response.status.code == 403
 
 
 def test_upstream_echoes_and_records_arrivals() -> None:
