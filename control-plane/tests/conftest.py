@@ -14,6 +14,7 @@ import pytest
 import uvicorn
 from stoa_cp.app import create_app
 from stoa_cp.settings import Settings
+from stoa_harness.cp_client import AsyncCPClient
 from stoa_harness.postgres import EmbeddedPostgres
 from stoa_harness.wait import GiveUp, wait_until_async
 
@@ -43,6 +44,10 @@ class RunningCP:
             base_url=self.url, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
         )
 
+    def client(self, token: str = ADMIN_TOKEN, gateway_id: str | None = None) -> AsyncCPClient:
+        """The harness's CP client on this CP (the admin token unless another is given)."""
+        return AsyncCPClient(self.url, token, gateway_id=gateway_id)
+
     def gateway(self, credential: str) -> httpx.AsyncClient:
         return httpx.AsyncClient(
             base_url=self.url, headers={"authorization": f"Bearer {credential}"}, timeout=10
@@ -54,7 +59,7 @@ class RunningCP:
 
 
 async def start_cp(dsn: str, **overrides: object) -> RunningCP:
-    settings = Settings(database_url=dsn, admin_tokens=[ADMIN_TOKEN], **overrides)  # type: ignore[arg-type]
+    settings = Settings(database_url=dsn, admin_tokens=[ADMIN_TOKEN], **overrides)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -103,55 +108,49 @@ async def admin(cp: RunningCP) -> AsyncIterator[httpx.AsyncClient]:
 
 
 class Api:
-    """Admin-side helpers used by every test (exposed as the `api` fixture: with --import-mode=importlib
-    tests cannot import from conftest)."""
+    """Admin-side set-up used by every test, through the harness's CP client (exposed as the `api`
+    fixture: with --import-mode=importlib tests cannot import from conftest). `admin` stays the raw
+    HTTP client for the tests whose subject is the raw answer."""
 
-    def __init__(self, cp: RunningCP, admin: httpx.AsyncClient) -> None:
+    def __init__(self, cp: RunningCP, admin: httpx.AsyncClient, client: AsyncCPClient) -> None:
         self.cp = cp
         self.admin = admin
+        self.client = client
         self.uid = uid
         self.wait_for = wait_until_async
 
     async def tenant(self) -> str:
         tenant_id = uid("t")
-        response = await self.admin.post("/v1/tenants", json={"tenant_id": tenant_id, "name": "Tenant"})
-        assert response.status_code == 201, response.text
+        await self.client.create_tenant(tenant_id, "Tenant")
         return tenant_id
 
     async def gateway(self) -> tuple[str, str]:
         gateway_id = uid("gw")
-        response = await self.admin.post("/v1/gateways", json={"gateway_id": gateway_id, "name": "Gateway"})
-        assert response.status_code == 201, response.text
-        return gateway_id, response.json()["credential"]
+        created = await self.client.create_gateway(gateway_id, "Gateway")
+        return gateway_id, created["credential"]
 
     async def new_api(self, tenant_id: str, **fields: object) -> str:
         api_id = str(fields.pop("api_id", uid("api")))
-        body = {"api_id": api_id, "name": "API", "upstream_url": "http://127.0.0.1:9000", "methods": ["GET"]}
+        body: dict[str, object] = {"name": "API", "upstream_url": "http://127.0.0.1:9000", "methods": ["GET"]}
         body.update(fields)
-        response = await self.admin.post(f"/v1/tenants/{tenant_id}/apis", json=body)
-        assert response.status_code == 201, response.text
+        await self.client.create_api(api_id, tenant_id=tenant_id, **body)
         return api_id
 
     async def deploy(self, gateway_id: str, api_id: str) -> int:
-        response = await self.admin.put(f"/v1/gateways/{gateway_id}/deployments/{api_id}")
-        assert response.status_code == 200, response.text
-        return int(response.json()["generation"])
+        return await self.client.deploy(api_id, gateway_id)
 
     async def generation(self, gateway_id: str) -> int:
-        response = await self.admin.get(f"/v1/gateways/{gateway_id}")
-        assert response.status_code == 200, response.text
-        return int(response.json()["generation"])
+        return int((await self.client.gateway(gateway_id))["generation"])
 
     async def generations(self, *gateway_ids: str) -> list[int]:
         return [await self.generation(g) for g in gateway_ids]
 
     async def inventory(self, gateway_id: str, credential: str) -> dict:
-        async with self.cp.gateway(credential) as client:
-            response = await client.get(f"/v1/gateways/{gateway_id}/config")
-        assert response.status_code == 200, response.text
-        return response.json()
+        async with self.cp.client(credential) as link_view:
+            return await link_view.inventory(gateway_id)
 
 
 @pytest.fixture
-async def api(cp: RunningCP, admin: httpx.AsyncClient) -> Api:
-    return Api(cp, admin)
+async def api(cp: RunningCP, admin: httpx.AsyncClient) -> AsyncIterator[Api]:
+    async with cp.client() as client:
+        yield Api(cp, admin, client)

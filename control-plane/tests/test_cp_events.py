@@ -105,7 +105,7 @@ async def test_stream_sends_current_then_each_change_with_config_json(api) -> No
         # A change on another gateway is not streamed here; the next event is this gateway's next change.
         other, _ = await api.gateway()
         await api.deploy(other, api_id)
-        await api.admin.delete(f"/v1/gateways/{gateway_id}/deployments/{api_id}")
+        await api.client.undeploy(api_id, gateway_id)
         third = await sse.next_event()
         assert third.id == "3"
         assert json.loads(third.data)["tombstones"] == [{"route_id": api_id, "generation": "3"}]
@@ -123,7 +123,7 @@ async def test_resume_with_last_event_id_sends_only_newer_generations(api) -> No
     async with stream(api.cp.url, gateway_id, credential, last_id="2") as sse:
         # Nothing above 2 yet: only keep-alive comments until the next change.
         assert (await sse.comment(within=5)).startswith(":")
-        await api.admin.delete(f"/v1/gateways/{gateway_id}/deployments/{api_id}")
+        await api.client.undeploy(api_id, gateway_id)
         event = await sse.next_event()
         assert event.id == "3"
         assert json.loads(event.data)["generation"] == "3"
@@ -169,7 +169,7 @@ async def test_lost_listen_connection_is_reopened_and_streams_catch_up(api) -> N
 
             await api.wait_for(listening_again, 20, "the CP to LISTEN again")
             # And later changes arrive through the new LISTEN connection.
-            await api.admin.delete(f"/v1/gateways/{gateway_id}/deployments/{api_id}")
+            await api.client.undeploy(api_id, gateway_id)
             assert (await sse.next_event(within=10)).id == "3"
     finally:
         await conn.close()

@@ -207,17 +207,15 @@ async def test_unusable_jwks_uri_is_422_and_stores_nothing(
 
 async def test_background_refresh_ships_rotated_keys(cp_factory, api, jwks_server) -> None:
     fast = await cp_factory(jwks_refresh_s=0.2)
-    async with fast.admin() as admin:
-        assert (await admin.post("/v1/tenants", json={"tenant_id": "rot", "name": "R"})).status_code == 201
-        gateway = (await admin.post("/v1/gateways", json={"gateway_id": "gw-rot", "name": "G"})).json()
-        body = {"api_id": "rot-api", "name": "x", "upstream_url": "http://127.0.0.1:9", "methods": ["GET"]}
-        assert (await admin.post("/v1/tenants/rot/apis", json=body)).status_code == 201
-        assert (await admin.put("/v1/gateways/gw-rot/deployments/rot-api")).status_code == 200
-        issuer = {"issuer": "http://127.0.0.1/rot", "jwks_uri": jwks_server.url}
-        assert (await admin.post("/v1/tenants/rot/issuers", json=issuer)).status_code == 201
+    async with fast.client(gateway_id="gw-rot") as admin:
+        await admin.create_tenant("rot", "R")
+        gateway = await admin.create_gateway("gw-rot", "G")
+        await admin.create_api("rot-api", tenant_id="rot", name="x", upstream_url="http://127.0.0.1:9")
+        await admin.deploy("rot-api")
+        await admin.add_issuer("rot", "http://127.0.0.1/rot", jwks_server.url)
 
         async def generation() -> int:
-            return int((await admin.get("/v1/gateways/gw-rot")).json()["generation"])
+            return int((await admin.gateway())["generation"])
 
         settled = await generation()
         assert settled == 3
@@ -227,15 +225,15 @@ async def test_background_refresh_ships_rotated_keys(cp_factory, api, jwks_serve
             return await generation() == settled + 1
 
         await api.wait_for(bumped, 10, "the background refresh to publish the rotated keys")
-        async with fast.gateway(gateway["credential"]) as link:
-            inv = (await link.get("/v1/gateways/gw-rot/config")).json()
+        async with fast.client(gateway["credential"], gateway_id="gw-rot") as link:
+            inv = await link.inventory()
         assert [k["kid"] for k in json.loads(inv["issuers"][0]["jwks_json"])["keys"]] == ["rotated"]
 
         # Unchanged keys on later rounds publish nothing new.
         async def refreshed_again() -> bool:
-            listed = (await admin.get("/v1/tenants/rot/issuers")).json()
+            listed = await admin.issuers("rot")
             return listed[0]["fetched_at"] != fetched_at
 
-        fetched_at = (await admin.get("/v1/tenants/rot/issuers")).json()[0]["fetched_at"]
+        fetched_at = (await admin.issuers("rot"))[0]["fetched_at"]
         await api.wait_for(refreshed_again, 10, "another background refresh round")
         assert await generation() == settled + 1

@@ -125,9 +125,7 @@ async def report(api, path_gateway: str, credential: str, **fields) -> object:
 
 
 async def status(api, gateway_id: str) -> dict:
-    response = await api.admin.get(f"/v1/gateways/{gateway_id}/status")
-    assert response.status_code == 200
-    return response.json()
+    return await api.client.status(gateway_id)
 
 
 async def test_status_is_always_about_the_desired_generation(api) -> None:
@@ -254,7 +252,7 @@ async def test_config_document_is_exactly_what_json_format_writes_for_it(api) ->
     gone = await api.new_api(tenant_id)
     for api_id in (full, bare, gone):
         await api.deploy(gateway_id, api_id)
-    assert (await api.admin.delete(f"/v1/gateways/{gateway_id}/deployments/{gone}")).status_code == 200
+    await api.client.undeploy(gone, gateway_id)
     async with api.cp.gateway(credential) as client:
         body = (await client.get(f"/v1/gateways/{gateway_id}/config")).text
     parsed = json_format.Parse(body, inventory_pb2.Inventory())

@@ -8,8 +8,8 @@ fixed part of the envelope's claims; per request remain the envelope (request id
 and the removal of the inbound identity headers this request carried.
 
 The gRPC server is the synchronous one (a thread pool): for unary Checks, grpcio's asyncio server
-costs about twice the CPU per call (measured in ext-authz/bench/check_cpu.py). The decision event
-goes to a buffered `DecisionLog` (see bench/PROFILE-authz.md for what each part costs).
+costs about twice the CPU per call (measured by the harness's `stoa_harness.bench.check_cpu`). The
+decision event goes to a buffered `DecisionLog` (see bench/PROFILE-authz.md for what each part costs).
 """
 
 from __future__ import annotations

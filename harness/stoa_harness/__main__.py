@@ -50,10 +50,10 @@ def seed_demo(estate: Estate, idp: DevIdentityProvider | None) -> dict[str, Any]
     Everything (issuer, policies) is in place before the deployment, so the first publication
     already carries it.
     """
-    estate.create_tenant(DEMO_TENANT, "Demo tenant")
+    estate.admin.create_tenant(DEMO_TENANT, "Demo tenant")
     info: dict[str, Any] = {"demo_tenant": DEMO_TENANT}
     if idp is not None:
-        estate.add_issuer(DEMO_TENANT, idp.issuer, idp.jwks_uri)
+        estate.admin.add_issuer(DEMO_TENANT, idp.issuer, idp.jwks_uri)
         info.update(
             issuer_url=idp.issuer,
             token_url=idp.token_url,
@@ -67,11 +67,11 @@ def seed_demo(estate: Estate, idp: DevIdentityProvider | None) -> dict[str, Any]
         methods=("GET", "POST"),
         auth={"mode": "jwt", "scopes": [DEMO_SCOPE]},
     )
-    estate.add_policy("echo-cors", "cors", DEMO_CORS, tenant_id=DEMO_TENANT, targets=[DEMO_API])
-    estate.add_policy(
+    estate.admin.add_policy("echo-cors", "cors", DEMO_CORS, tenant_id=DEMO_TENANT, targets=[DEMO_API])
+    estate.admin.add_policy(
         "echo-rate-limit", "rate_limit", DEMO_RATE_LIMIT, tenant_id=DEMO_TENANT, targets=[DEMO_API]
     )
-    estate.wait_synced(estate.deploy(DEMO_API))
+    estate.admin.wait_synced(estate.admin.deploy(DEMO_API))
     info.update(
         demo_api=DEMO_API,
         demo_path=f"/apis/{DEMO_API}/hello",

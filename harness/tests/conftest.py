@@ -1,5 +1,6 @@
-"""Shared fixtures of the acceptance suite: one embedded PostgreSQL for the whole session, and
-estates (CP + Link + real Envoy + echo upstream + Check witness or stoa-authz) per test module."""
+"""Shared fixtures of the acceptance suite: one embedded PostgreSQL for the whole session, estates
+(CP + Link + real Envoy + echo upstream + Check witness or stoa-authz) per test module, and the
+in-process ADS site (the Link's ADS server with a real Envoy) for the ADS tests."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 import pytest
+from stoa_harness.ads_site import AdsSite, make_cluster, make_listener, make_routes, make_snapshot
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.postgres import EmbeddedPostgres
+from stoa_harness.upstream import EchoUpstream
+from stoa_harness.wait import wait_until
+from stoa_proto import inventory_pb2
 
 StartEstate = Callable[..., Estate]
 
@@ -50,3 +55,35 @@ def witness_allows(estate: Estate) -> Iterator[None]:
 def fresh_records(witness_allows: None, estate: Estate) -> None:
     """As `witness_allows`, and the echo upstream with no recorded arrivals, answering by default."""
     estate.upstream.clear()
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[EchoUpstream]:
+    """An echo upstream of the module's own (the ADS site's backends point at it)."""
+    with EchoUpstream() as echo:
+        yield echo
+
+
+@pytest.fixture(scope="module")
+def ads_site(tmp_path_factory: pytest.TempPathFactory, upstream: EchoUpstream) -> Iterator[AdsSite]:
+    """The Link's ADS server with a real Envoy (`AdsSite`), brought up on generation 1: one route `/a`
+    to the module's echo upstream, SYNCED and serving."""
+    site = AdsSite(tmp_path_factory.mktemp("ads-site"))
+    try:
+        report = site.apply(
+            1,
+            make_snapshot(
+                1,
+                [make_cluster("backend_a", upstream.port)],
+                make_listener(site.listener_port),
+                make_routes([("/a", "backend_a")]),
+            ),
+        )
+        assert report is not None
+        assert report.status == inventory_pb2.SYNCED, report
+        wait_until(
+            lambda: site.get("/a/ready").status_code == 200, 10, "the first route serving through Envoy"
+        )
+        yield site
+    finally:
+        site.close()

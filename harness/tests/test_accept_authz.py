@@ -12,8 +12,9 @@ import httpx
 import pytest
 from joserfc import jws
 from joserfc.jwk import import_key
-from stoa_harness.estate import Estate, EstateOptions, Site
+from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
+from stoa_harness.site import Site
 from stoa_harness.wait import wait_until
 
 AUDIENCE = "stoa-accept"
@@ -30,13 +31,13 @@ def idp() -> Iterator[DevIdentityProvider]:
 def estate(idp: DevIdentityProvider, estates: Callable[..., Estate]) -> Estate:
     options = EstateOptions(authz="service", authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE})
     running = estates(options, "estate-authz")
-    running.ensure_tenant("demo")
-    running.ensure_tenant("other")
-    running.add_issuer("demo", idp.issuer, idp.jwks_uri)
-    running.wait_synced(
+    running.admin.create_tenant("demo", exist_ok=True)
+    running.admin.create_tenant("other", exist_ok=True)
+    running.admin.add_issuer("demo", idp.issuer, idp.jwks_uri)
+    running.admin.wait_synced(
         running.publish("orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"]})
     )
-    running.wait_synced(running.publish("open", tenant_id="demo", auth={"mode": "none", "scopes": []}))
+    running.admin.wait_synced(running.publish("open", tenant_id="demo", auth={"mode": "none", "scopes": []}))
     authz_site(running).wait_authz_ready()
     return running
 
@@ -197,20 +198,16 @@ def test_key_rotation_passes_after_the_cp_ships_the_new_jwks(estate: Estate) -> 
     """Airtight: the rotating provider is stopped before any token with its new kid is used, so the
     site can only know the new key from the inventory the CP shipped."""
     with DevIdentityProvider(alg="ES256", audience=AUDIENCE) as rotating:
-        created = estate.admin.post(
-            "/v1/tenants/demo/issuers", json={"issuer": rotating.issuer, "jwks_uri": rotating.jwks_uri}
-        )
-        assert created.status_code == 201, created.text
-        estate.wait_synced()
+        created = estate.admin.add_issuer("demo", rotating.issuer, rotating.jwks_uri)
+        estate.admin.wait_synced()
         assert get(estate, rotating.mint(**good())).status_code == 200
         old_kid = rotating.kid
         new_kid = rotating.rotate()
         assert new_kid != old_kid
         token = rotating.mint(**good())
-        refreshed = estate.admin.post(f"/v1/tenants/demo/issuers/{created.json()['issuer_id']}/refresh")
-        assert refreshed.is_success, refreshed.text
-        assert refreshed.json()["changed"] is True
-        estate.wait_synced()
+        refreshed = estate.admin.refresh_issuer("demo", created["issuer_id"])
+        assert refreshed["changed"] is True
+        estate.admin.wait_synced()
         jwks_uri = rotating.jwks_uri
     with pytest.raises(httpx.ConnectError):
         httpx.get(jwks_uri, timeout=2)

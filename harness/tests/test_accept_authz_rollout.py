@@ -19,8 +19,9 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 from google.rpc import code_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from stoa_harness.estate import Estate, EstateOptions, console_script
+from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
+from stoa_harness.site import console_script
 from stoa_harness.wait import wait_until
 
 AUDIENCE = "stoa-rollout"
@@ -43,9 +44,9 @@ def estate(idp: DevIdentityProvider, estates: Callable[..., Estate]) -> Estate:
         link_env={"STOA_LINK_ACK_TIMEOUT_S": "30"},
     )
     running = estates(options, "estate-rollout")
-    running.ensure_tenant("demo")
-    running.add_issuer("demo", idp.issuer, jwks=idp.jwks())
-    running.wait_synced(
+    running.admin.create_tenant("demo", exist_ok=True)
+    running.admin.add_issuer("demo", idp.issuer, jwks=idp.jwks())
+    running.admin.wait_synced(
         running.publish("orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"]})
     )
     assert running.site is not None
@@ -116,15 +117,13 @@ def test_unusable_jwks_is_nacked_and_previous_decisions_stand(
     version_before = route_policy_version(estate, token)
     nacks_before = len(authz_events(estate, "policy set refused"))
 
-    reply = estate.admin.post(
-        "/v1/tenants/demo/issuers", json={"issuer": "https://weak.example", "jwks": weak_rsa_jwks()}
-    )
-    assert reply.status_code == 201, reply.text  # the CP takes the key; only the site refuses it
-    generation = estate.desired_generation()
+    # The CP takes the key (a refusal would raise CPError); only the site refuses it.
+    estate.admin.add_issuer("demo", "https://weak.example", jwks=weak_rsa_jwks())
+    generation = estate.admin.desired_generation()
     try:
         status = wait_until(
             lambda: (
-                (s := estate.status())["state"] == "FAILED"
+                (s := estate.admin.status())["state"] == "FAILED"
                 and s["last_report"]["generation"] == generation
                 and s
             ),
@@ -143,9 +142,9 @@ def test_unusable_jwks_is_nacked_and_previous_decisions_stand(
         assert get(estate, token).status_code == 200
         assert get(estate, idp.mint(tenant="demo", scope="orders:write")).status_code == 403
     finally:
-        [weak] = [i for i in estate.admin.get("/v1/tenants/demo/issuers").json() if "weak" in i["issuer"]]
-        assert estate.admin.delete(f"/v1/tenants/demo/issuers/{weak['issuer_id']}").is_success
-        estate.wait_synced()
+        [weak] = [i for i in estate.admin.issuers("demo") if "weak" in i["issuer"]]
+        estate.admin.delete_issuer("demo", weak["issuer_id"])
+        estate.admin.wait_synced()
     assert get(estate, token).status_code == 200
 
 
@@ -170,7 +169,7 @@ def test_route_built_with_set_n_is_decided_with_n_while_n_plus_1_rolls_out(
             "methods": ["GET"],
             "auth": {"mode": "jwt", "scopes": ["orders:write"]},
         }
-        assert estate.admin.put("/v1/tenants/demo/apis/orders", json=body).is_success
+        estate.admin.update_api("orders", body, tenant_id="demo")
         accepted = wait_until(
             lambda: authz_events(estate, "policy set accepted")[accepted_before:],
             15,
@@ -178,7 +177,7 @@ def test_route_built_with_set_n_is_decided_with_n_while_n_plus_1_rolls_out(
         )
         set_n1 = accepted[-1]["policy_set_version"]
         assert set_n1 != set_n
-        assert estate.status()["state"] == "PENDING"  # Envoy has not acknowledged its part
+        assert estate.admin.status()["state"] == "PENDING"  # Envoy has not acknowledged its part
         # A request on a route built with N: N's scope requirement holds, not N+1's.
         assert direct_check(estate, reader, set_n).status.code == code_pb2.OK
         assert direct_check(estate, writer, set_n).denied_response.status.code == 403
@@ -187,7 +186,7 @@ def test_route_built_with_set_n_is_decided_with_n_while_n_plus_1_rolls_out(
         assert direct_check(estate, writer, set_n1).status.code == code_pb2.OK
     finally:
         os.kill(envoy.pid, signal.SIGCONT)
-    estate.wait_synced()
+    estate.admin.wait_synced()
     assert route_policy_version(estate, reader) == set_n1
     assert get(estate, writer).status_code == 200
     assert get(estate, reader).status_code == 403
@@ -200,8 +199,8 @@ def unconfigured(estates: Callable[..., Estate]) -> Estate:
     """stoa-authz without STOA_AUTHZ_AUDIENCE (development: it starts, warns and denies)."""
     options = EstateOptions(authz="service", authz_env={"STOA_AUTHZ_AUDIENCE": ""})
     running = estates(options, "estate-no-aud")
-    running.wait_synced(running.publish("open", tenant_id="demo", auth={"mode": "none", "scopes": []}))
-    running.wait_synced(
+    running.admin.wait_synced(running.publish("open", tenant_id="demo", auth={"mode": "none", "scopes": []}))
+    running.admin.wait_synced(
         running.publish("orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"]})
     )
     return running

@@ -63,7 +63,7 @@ def chain(estate: Estate) -> Estate:
     estate.publish("chain", tenant_id=TENANT, upstream_url=f"{up.url}/chain-up", methods=["GET", "POST"])
     estate.publish("pc", tenant_id=TENANT, upstream_url=f"{up.url}/pc-up", methods=["GET"])
     estate.publish("chain-ip", tenant_id=TENANT, upstream_url=f"{up.url}/ip-up", methods=["GET"])
-    estate.add_policy(
+    estate.admin.add_policy(
         "chain-cors",
         "cors",
         {
@@ -77,14 +77,14 @@ def chain(estate: Estate) -> Estate:
         tenant_id=TENANT,
         targets=["chain"],
     )
-    estate.add_policy(
+    estate.admin.add_policy(
         "chain-ip-deny",
         "ip_filter",
         {"mode": "deny", "ip_list": ["127.0.0.1"]},
         tenant_id=TENANT,
         targets=["chain-ip"],
     )
-    estate.wait_synced()
+    estate.admin.wait_synced()
     return estate
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from stoa_harness.estate import Estate, checked
+from stoa_harness.estate import Estate
 from stoa_harness.upstream import EchoUpstream
 from stoa_harness.wait import wait_until
 
@@ -125,14 +125,14 @@ def test_route_churn_serves_every_request(
 ) -> None:
     a_url, b_url = f"{estate.upstream.url}/a", f"{backend_b.url}/b"
     backend_path = {a_url: "/a", b_url: "/b"}
-    estate.ensure_tenant(TENANT)
+    estate.admin.create_tenant(TENANT, exist_ok=True)
     apis: dict[str, Api] = {}
     for i in range(ROUTES):
         api = Api(f"churn-{i:02d}", a_url, f"/apis/churn-{i:02d}")
         estate.create_api(api.api_id, tenant_id=TENANT, **api.body())
-        estate.deploy(api.api_id)
+        estate.admin.deploy(api.api_id)
         apis[api.api_id] = api
-    estate.wait_synced()
+    estate.admin.wait_synced()
 
     client = Client()
     client.add(*(estate.url(f"{api.path_prefix}/x") for api in apis.values()))
@@ -148,7 +148,7 @@ def test_route_churn_serves_every_request(
             nested = Api(f"churn-nest-{r}", b_url, f"/apis/churn-{r:02d}/deep")
             for api in (new, nested):
                 estate.create_api(api.api_id, tenant_id=TENANT, **api.body())
-                estate.deploy(api.api_id)
+                estate.admin.deploy(api.api_id)
                 apis[api.api_id] = api
             # modify: methods and timeout of a handful of routes
             modified = [apis[f"churn-{i:02d}"] for i in range(r, ROUTES, 5)]
@@ -160,8 +160,8 @@ def test_route_churn_serves_every_request(
             for api in switched:
                 api.upstream_url = b_url if last or api.upstream_url == a_url else a_url
             for api in {a.api_id: a for a in (*modified, *switched)}.values():
-                checked(estate.admin.put(f"/v1/tenants/{TENANT}/apis/{api.api_id}", json=api.body()))
-            estate.wait_synced()
+                estate.admin.update_api(api.api_id, api.body(), tenant_id=TENANT)
+            estate.admin.wait_synced()
 
             for api in apis.values():
                 assert served_by(estate, api, backend_path[api.upstream_url]), (r, api)

@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 from google.protobuf import json_format
-from stoa_harness.estate import Estate, Site, checked
+from stoa_harness.estate import Estate
+from stoa_harness.site import Site
 from stoa_harness.wait import wait_until
 from stoa_link.agent import STATE_FILE
 from stoa_proto import inventory_pb2
@@ -55,8 +56,8 @@ def policies(estate: Estate) -> Estate:
     up = estate.upstream
     for api_id in API_IDS:
         estate.publish(api_id, tenant_id=TENANT, upstream_url=f"{up.url}/{api_id}", methods=["GET", "POST"])
-    estate.add_policy("cors-app", "cors", CORS_CONFIG, tenant_id=TENANT, targets=["p-cors"])
-    estate.add_policy(
+    estate.admin.add_policy("cors-app", "cors", CORS_CONFIG, tenant_id=TENANT, targets=["p-cors"])
+    estate.admin.add_policy(
         "rate-3",
         "rate_limit",
         {"maxRequests": RATE_MAX, "intervalSeconds": RATE_INTERVAL_S},
@@ -64,7 +65,7 @@ def policies(estate: Estate) -> Estate:
         targets=["p-rate"],
     )
     # A bucket that never refills during the test: only what was authorized can have spent it.
-    estate.add_policy(
+    estate.admin.add_policy(
         "rate-2-hour",
         "rate_limit",
         {"maxRequests": 2, "intervalSeconds": 3600},
@@ -78,14 +79,14 @@ def policies(estate: Estate) -> Estate:
         "p-deny-other": ("deny", ["10.0.0.0/8", "::1"]),
     }
     for api_id, (mode, ip_list) in ip_rules.items():
-        estate.add_policy(
+        estate.admin.add_policy(
             f"ip-{api_id}",
             "ip_filter",
             {"mode": mode, "ip_list": ip_list},
             tenant_id=TENANT,
             targets=[api_id],
         )
-    estate.wait_synced()
+    estate.admin.wait_synced()
     return estate
 
 
@@ -266,19 +267,21 @@ def second_gateway(
 ) -> Iterator[tuple[Site, Estate]]:
     """gw-2 on the same CP with its own Link, Envoy and witness; scoped policies of three kinds."""
     estate = policies
-    created = checked(estate.admin.post("/v1/gateways", json={"gateway_id": GW2, "name": "Second"}))
+    created = estate.admin.create_gateway(GW2, "Second")
     up = estate.upstream
     for tenant in ("scope-a", "scope-b"):
-        estate.ensure_tenant(tenant)
+        estate.admin.create_tenant(tenant, exist_ok=True)
     for api_id, tenant in (("sa-1", "scope-a"), ("sa-2", "scope-a"), ("sb-1", "scope-b")):
         estate.create_api(api_id, tenant_id=tenant, upstream_url=f"{up.url}/{api_id}", methods=["GET"])
-        estate.deploy(api_id, gateway_id=GW2)
-    estate.deploy("sa-1")  # scope-a also has a route on gw-1
-    estate.add_policy("sa-cors", "cors", {"allowedOrigins": [ORIGIN]}, tenant_id="scope-a", scope="tenant")
+        estate.admin.deploy(api_id, gateway_id=GW2)
+    estate.admin.deploy("sa-1")  # scope-a also has a route on gw-1
+    estate.admin.add_policy(
+        "sa-cors", "cors", {"allowedOrigins": [ORIGIN]}, tenant_id="scope-a", scope="tenant"
+    )
     rate = {"maxRequests": 100000, "intervalSeconds": 1}
-    estate.add_policy("gw2-rate", "rate_limit", rate, tenant_id=None, gateway_id=GW2)
+    estate.admin.add_policy("gw2-rate", "rate_limit", rate, tenant_id=None, gateway_id=GW2)
     # An API binding without targets: were it broadened, it would deny every request from here.
-    estate.add_policy(
+    estate.admin.add_policy(
         "sb-none", "ip_filter", {"mode": "deny", "ip_list": ["127.0.0.0/8"]}, tenant_id="scope-b", targets=[]
     )
     with Site(
@@ -287,8 +290,8 @@ def second_gateway(
         gateway_id=GW2,
         credential=created["credential"],
     ) as site:
-        estate.wait_synced(gateway_id=GW2)
-        estate.wait_synced()
+        estate.admin.wait_synced(gateway_id=GW2)
+        estate.admin.wait_synced()
         yield site, estate
 
 

@@ -23,10 +23,10 @@ from envoy.service.discovery.v3 import ads_pb2_grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
 from google.protobuf import any_pb2, json_format, struct_pb2
 from stoa_harness.envoy import EnvoyProcess
-from stoa_harness.estate import console_script
 from stoa_harness.llm import FakeLLM
 from stoa_harness.ports import free_port
 from stoa_harness.processes import SupervisedProcess, tcp_accepting
+from stoa_harness.site import console_script
 from stoa_harness.wait import wait_until
 from stoa_proto import proc_pb2
 from stoa_proto.bodies import DENY_BODIES, PROC_BODIES

@@ -13,9 +13,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from stoa_harness.cp_client import Call, CPClient, CPError
 from stoa_harness.envoy import EnvoyProcess
-from stoa_harness.estate import Estate, Site
+from stoa_harness.estate import Estate
 from stoa_harness.scripted_cp import ScriptedCP
+from stoa_harness.site import Site
 from stoa_harness.upstream import EchoUpstream
 from stoa_harness.wait import wait_until
 from stoa_proto import inventory_pb2
@@ -24,7 +26,7 @@ from stoa_proto import inventory_pb2
 def test_published_api_reaches_the_upstream_with_the_right_path(estate: Estate) -> None:
     up = estate.upstream
     generation = estate.publish("pub-path", tenant_id="acme", upstream_url=f"{up.url}/base", methods=["GET"])
-    status = estate.wait_synced(generation)
+    status = estate.admin.wait_synced(generation)
     assert status["state"] == "SYNCED"
     assert int(status["acknowledged_generation"]) >= generation
     assert status["snapshot_version"]
@@ -42,7 +44,7 @@ def test_published_api_reaches_the_upstream_with_the_right_path(estate: Estate) 
 
 def test_once_synced_the_link_is_ready_and_reports_the_desired_generation_applied(estate: Estate) -> None:
     generation = estate.publish("pub-ops", upstream_url=f"{estate.upstream.url}/ops", methods=["GET"])
-    status = estate.wait_synced(generation)
+    status = estate.admin.wait_synced(generation)
 
     ready = httpx.get(f"{estate.link_http_url}/health/ready", timeout=10)
     scraped = httpx.get(f"{estate.link_http_url}/metrics", timeout=10)
@@ -64,7 +66,7 @@ def test_once_synced_the_link_is_ready_and_reports_the_desired_generation_applie
 def test_a_method_not_allowed_is_not_routed(estate: Estate) -> None:
     up = estate.upstream
     generation = estate.publish("pub-get-only", upstream_url=f"{up.url}/get-only", methods=["GET"])
-    estate.wait_synced(generation)
+    estate.admin.wait_synced(generation)
     assert estate.gateway.get(estate.url("/apis/pub-get-only/x")).status_code == 200
 
     for method in ("POST", "DELETE", "PUT"):
@@ -76,33 +78,33 @@ def test_a_method_not_allowed_is_not_routed(estate: Estate) -> None:
 
 def test_a_deactivated_api_stops_being_routed_only_after_its_tombstone(estate: Estate) -> None:
     up = estate.upstream
-    estate.wait_synced(estate.publish("pub-tomb", upstream_url=f"{up.url}/tomb", methods=["GET"]))
+    estate.admin.wait_synced(estate.publish("pub-tomb", upstream_url=f"{up.url}/tomb", methods=["GET"]))
     assert estate.gateway.get(estate.url("/apis/pub-tomb/a")).status_code == 200
 
     # Another change of the desired state (an API edit, a new generation) keeps it serving.
-    edited = estate.admin.put(
-        "/v1/tenants/demo/apis/pub-tomb",
-        json={"name": "renamed", "upstream_url": f"{up.url}/tomb", "methods": ["GET"], "timeout_ms": 5000},
+    estate.admin.update_api(
+        "pub-tomb",
+        {"name": "renamed", "upstream_url": f"{up.url}/tomb", "methods": ["GET"], "timeout_ms": 5000},
+        tenant_id="demo",
     )
-    assert edited.status_code == 200, edited.text
-    estate.wait_synced()
+    estate.admin.wait_synced()
     assert estate.gateway.get(estate.url("/apis/pub-tomb/b")).status_code == 200
 
-    generation = estate.undeploy("pub-tomb")
+    generation = estate.admin.undeploy("pub-tomb")
     inventory = estate.inventory()
     assert int(inventory["generation"]) == generation
     assert "pub-tomb" not in [r["route_id"] for r in inventory.get("routes", [])]
     assert [t["route_id"] for t in inventory.get("tombstones", []) if t["route_id"] == "pub-tomb"] == [
         "pub-tomb"
     ]
-    estate.wait_synced(generation)
+    estate.admin.wait_synced(generation)
 
     assert estate.gateway.get(estate.url("/apis/pub-tomb/c")).status_code == 404
     assert [a.path for a in up.arrivals("/tomb/")] == ["/tomb/a", "/tomb/b"]
 
 
 def test_routes_never_decrease_while_200_routes_are_published_one_by_one(estate: Estate) -> None:
-    estate.ensure_tenant("bulk")
+    estate.admin.create_tenant("bulk", exist_ok=True)
     baseline = estate.envoy.route_count()
     samples: list[int] = []
     done = threading.Event()
@@ -121,8 +123,8 @@ def test_routes_never_decrease_while_200_routes_are_published_one_by_one(estate:
     try:
         for i in range(200):
             estate.create_api(f"bulk-{i:03d}", tenant_id="bulk", methods=["GET"])
-            last = estate.deploy(f"bulk-{i:03d}")
-        estate.wait_synced(last, timeout=60)
+            last = estate.admin.deploy(f"bulk-{i:03d}")
+        estate.admin.wait_synced(last, timeout=60)
         wait_until(lambda: estate.envoy.route_count() >= baseline + 200, 10, "200 more routes in Envoy")
     finally:
         done.set()
@@ -141,13 +143,13 @@ def test_routes_never_decrease_while_200_routes_are_published_one_by_one(estate:
 
 def test_cp_outage_keeps_envoy_serving_and_the_link_catches_up(estate: Estate) -> None:
     up = estate.upstream
-    estate.wait_synced(estate.publish("pub-outage", upstream_url=f"{up.url}/outage", methods=["GET"]))
+    estate.admin.wait_synced(estate.publish("pub-outage", upstream_url=f"{up.url}/outage", methods=["GET"]))
     before = estate.envoy.versions()
 
     estate.stop_cp()
     try:
         with pytest.raises(httpx.ConnectError):
-            estate.admin.get("/health/live")
+            estate.admin.tenants()
         # A bounded observation window: every request during the outage is served.
         deadline = time.monotonic() + 2.0
         served = 0
@@ -162,7 +164,7 @@ def test_cp_outage_keeps_envoy_serving_and_the_link_catches_up(estate: Estate) -
 
     # A change made right after the CP returns, while the Link is still reconnecting.
     generation = estate.publish("pub-after-outage", upstream_url=f"{up.url}/after", methods=["GET"])
-    estate.wait_synced(generation, timeout=60)
+    estate.admin.wait_synced(generation, timeout=60)
     assert estate.gateway.get(estate.url("/apis/pub-after-outage/x")).status_code == 200
     assert estate.gateway.get(estate.url("/apis/pub-outage/x")).status_code == 200
 
@@ -170,12 +172,10 @@ def test_cp_outage_keeps_envoy_serving_and_the_link_catches_up(estate: Estate) -
 # -- CP API bad inputs: the right 4xx, a problem body naming the field, nothing changed -----------------
 @pytest.fixture(scope="module")
 def other_gateway(estate: Estate) -> dict[str, str]:
-    estate.ensure_tenant("bad-t")
-    estate.ensure_tenant("bad-t2")
+    estate.admin.create_tenant("bad-t", exist_ok=True)
+    estate.admin.create_tenant("bad-t2", exist_ok=True)
     estate.create_api("bad-api", tenant_id="bad-t", methods=["GET"])
-    response = estate.admin.post("/v1/gateways", json={"gateway_id": "gw-other", "name": "Other"})
-    assert response.status_code == 201, response.text
-    return response.json()
+    return estate.admin.create_gateway("gw-other", "Other")
 
 
 def _api(**overrides: object) -> dict[str, object]:
@@ -239,9 +239,8 @@ ADMIN_BAD_INPUTS = [
 
 
 def _state(estate: Estate) -> tuple[int, object, int]:
-    tenants = estate.admin.get("/v1/tenants")
-    other = estate.admin.get("/v1/gateways/gw-other/status")
-    return estate.desired_generation(), tenants.json(), int(other.json()["desired_generation"])
+    admin = estate.admin
+    return admin.desired_generation(), admin.tenants(), admin.desired_generation("gw-other")
 
 
 @pytest.mark.parametrize(("method", "path", "body", "status", "field"), ADMIN_BAD_INPUTS)
@@ -256,16 +255,19 @@ def test_cp_api_bad_input_gets_a_problem_naming_the_field_and_changes_nothing(
 ) -> None:
     before = _state(estate)
 
-    response = estate.admin.request(method, path, json=body)
+    with pytest.raises(CPError) as refused:
+        estate.admin.send(Call(method, path, body))
 
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    problem = response.json()
+    assert refused.value.status_code == status, refused.value
+    assert refused.value.response.headers["content-type"].startswith("application/problem+json")
+    problem = refused.value.problem
     assert problem["status"] == status
-    assert field in response.text, f"the problem body does not name {field!r}: {problem}"
+    assert field in refused.value.fields, problem
     assert _state(estate) == before
-    assert estate.admin.get("/v1/tenants/bad-t/apis/bad-new").status_code == 404
-    assert estate.admin.get("/v1/tenants/bad-t/apis/bad-api").json()["tenant_id"] == "bad-t"
+    with pytest.raises(CPError) as missing:
+        estate.admin.get_api("bad-new", tenant_id="bad-t")
+    assert missing.value.status_code == 404
+    assert estate.admin.get_api("bad-api", tenant_id="bad-t")["tenant_id"] == "bad-t"
 
 
 @pytest.mark.parametrize(
@@ -282,7 +284,7 @@ def test_gateway_endpoints_take_only_that_gateways_credential(
     estate: Estate, other_gateway: dict[str, str], credential: str | None, status: int, endpoint: str
 ) -> None:
     before = _state(estate)
-    last_report = estate.status()["last_report"]
+    last_report = estate.admin.status()["last_report"]
     token = {
         "wrong": "not-a-credential",
         "admin": estate.admin_token,
@@ -307,21 +309,16 @@ def test_gateway_endpoints_take_only_that_gateways_credential(
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/problem+json")
     assert _state(estate) == before
-    assert estate.status()["last_report"] == last_report
+    assert estate.admin.status()["last_report"] == last_report
 
 
 def test_admin_endpoints_refuse_a_missing_or_wrong_admin_token(estate: Estate) -> None:
     before = _state(estate)
-    gateway_credential = {"authorization": f"Bearer {estate.gateway_credential}"}
-    for headers in ({}, {"authorization": "Bearer nope"}, gateway_credential):
-        response = httpx.post(
-            f"{estate.cp_url}/v1/tenants",
-            json={"tenant_id": "sneaky", "name": "x"},
-            headers=headers,
-            timeout=5,
-        )
-        assert response.status_code == 401, response.text
-        assert response.headers["content-type"].startswith("application/problem+json")
+    for token in (None, "nope", estate.gateway_credential):
+        with CPClient(estate.cp_url, token) as intruder, pytest.raises(CPError) as refused:
+            intruder.create_tenant("sneaky", "x")
+        assert refused.value.status_code == 401, refused.value
+        assert refused.value.response.headers["content-type"].startswith("application/problem+json")
     assert _state(estate) == before
 
 

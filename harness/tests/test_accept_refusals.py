@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from stoa_harness.estate import Estate, checked
+from stoa_harness.estate import Estate
 from stoa_harness.wait import wait_until
 
 TENANT = "ref"
@@ -21,28 +21,28 @@ def refusals(estate: Estate) -> Estate:
     up = estate.upstream
     estate.publish("ref-live", tenant_id=TENANT, upstream_url=f"{up.url}/live", methods=["GET"])
     # A policy of every supported type already on the route: a duplicate of each is a refusal.
-    estate.add_policy(
+    estate.admin.add_policy(
         "ref-cors",
         "cors",
         {"allowedOrigins": ["https://app.example.com"]},
         tenant_id=TENANT,
         targets=["ref-live"],
     )
-    estate.add_policy(
+    estate.admin.add_policy(
         "ref-rate",
         "rate_limit",
         {"maxRequests": 100000, "intervalSeconds": 1},
         tenant_id=TENANT,
         targets=["ref-live"],
     )
-    estate.add_policy(
+    estate.admin.add_policy(
         "ref-ip",
         "ip_filter",
         {"mode": "allow", "ip_list": ["127.0.0.0/8"]},
         tenant_id=TENANT,
         targets=["ref-live"],
     )
-    estate.wait_synced()
+    estate.admin.wait_synced()
     assert estate.gateway.get(estate.url(LIVE)).status_code == 200
     return estate
 
@@ -52,7 +52,7 @@ class Baseline:
 
     def __init__(self, estate: Estate) -> None:
         self.envoy_versions = estate.envoy.versions()
-        self.status = estate.status()
+        self.status = estate.admin.status()
         assert self.status["state"] == "SYNCED"
         assert set(self.envoy_versions) == {"cds", "lds", "rds"}
 
@@ -62,12 +62,12 @@ def baseline(refusals: Estate, witness_allows: None) -> Iterator[Baseline]:
     before = Baseline(refusals)
     yield before
     # Whatever a test refused, the gateway must come back to SYNCED once it is removed.
-    refusals.wait_synced()
+    refusals.admin.wait_synced()
 
 
 def wait_failed(estate: Estate, generation: int) -> dict[str, Any]:
     def failed() -> dict[str, Any] | None:
-        status = estate.status()
+        status = estate.admin.status()
         report = status.get("last_report") or {}
         if int(report.get("generation") or 0) == generation and report.get("status") == "FAILED":
             return status
@@ -99,10 +99,10 @@ def test_an_unsupported_policy_type_is_refused_whole(
     refusals: Estate, baseline: Baseline, policy_type: str, config: dict[str, Any]
 ) -> None:
     policy_id = f"bad-{policy_type.replace('_', '-')}"
-    refusals.add_policy(policy_id, policy_type, config, tenant_id=TENANT, targets=["ref-live"])
+    refusals.admin.add_policy(policy_id, policy_type, config, tenant_id=TENANT, targets=["ref-live"])
     # A route published in the same refused state must not appear either: nothing of it is published.
     refusals.create_api(f"ref-new-{policy_id}", tenant_id=TENANT, upstream_url=f"{refusals.upstream.url}/new")
-    generation = refusals.deploy(f"ref-new-{policy_id}")
+    generation = refusals.admin.deploy(f"ref-new-{policy_id}")
     try:
         status = wait_failed(refusals, generation)
 
@@ -114,8 +114,8 @@ def test_an_unsupported_policy_type_is_refused_whole(
         assert_envoy_unchanged(refusals, baseline)
         assert refusals.gateway.get(refusals.url(f"/apis/ref-new-{policy_id}/x")).status_code == 404
     finally:
-        checked(refusals.admin.delete(f"/v1/tenants/{TENANT}/policies/{policy_id}"))
-    refusals.wait_synced()
+        refusals.admin.delete_policy(policy_id, tenant_id=TENANT)
+    refusals.admin.wait_synced()
     assert refusals.gateway.get(refusals.url(f"/apis/ref-new-{policy_id}/x")).status_code == 200
 
 
@@ -132,14 +132,14 @@ def test_two_rules_of_one_type_on_one_route_are_refused(
     refusals: Estate, baseline: Baseline, policy_id: str, policy_type: str, config: dict[str, Any], scope: str
 ) -> None:
     if scope == "gateway":
-        generation = refusals.add_policy(policy_id, policy_type, config, tenant_id=None)
-        path = f"/v1/gateways/{refusals.gateway_id}/policies/{policy_id}"
+        owner = None
+        generation = refusals.admin.add_policy(policy_id, policy_type, config, tenant_id=owner)
     else:
+        owner = TENANT
         targets = ["ref-live"] if scope == "api" else []
-        generation = refusals.add_policy(
-            policy_id, policy_type, config, tenant_id=TENANT, scope=scope, targets=targets
+        generation = refusals.admin.add_policy(
+            policy_id, policy_type, config, tenant_id=owner, scope=scope, targets=targets
         )
-        path = f"/v1/tenants/{TENANT}/policies/{policy_id}"
     try:
         status = wait_failed(refusals, generation)
 
@@ -150,4 +150,4 @@ def test_two_rules_of_one_type_on_one_route_are_refused(
         assert "ref-live" in report["detail"]
         assert_envoy_unchanged(refusals, baseline)
     finally:
-        checked(refusals.admin.delete(path))
+        refusals.admin.delete_policy(policy_id, tenant_id=owner)

@@ -16,7 +16,6 @@ from typing import Any
 
 from stoa_harness.bench.load import WrkRun
 from stoa_harness.bench.rig import TENANT, Rig
-from stoa_harness.estate import checked
 from stoa_harness.wait import wait_until
 
 ROUTES = 100
@@ -32,14 +31,14 @@ def run(rig: Rig, *, rounds: int = 20, connections: int = 8) -> dict[str, Any]:
     rig.seed(ids)
     for a in ids:
         if backend[a] != "a":
-            checked(estate.admin.put(f"/v1/tenants/{TENANT}/apis/{a}", json=rig.api_body(a, backend[a])))
-    estate.wait_synced(timeout=60)
+            estate.admin.update_api(a, rig.api_body(a, backend[a]), tenant_id=TENANT)
+    estate.admin.wait_synced(timeout=60)
     paths = [f"/apis/{a}/x" for a in ids]
     wait_until(lambda: all(rig.answers(p) for p in paths), 30, "every churn route serving")
 
     def put(a: str) -> None:
         body = rig.api_body(a, backend[a], timeout_ms=timeout[a])
-        checked(estate.admin.put(f"/v1/tenants/{TENANT}/apis/{a}", json=body))
+        estate.admin.update_api(a, body, tenant_id=TENANT)
 
     with WrkRun(rig.gateway_url, paths=paths, connections=connections, duration_s=600) as load:
         for r in range(rounds):
@@ -59,7 +58,7 @@ def run(rig: Rig, *, rounds: int = 20, connections: int = 8) -> dict[str, Any]:
                 a = ids[(r * 2 * PER_ROUND + PER_ROUND + k) % ROUTES]
                 backend[a] = BACKENDS[(BACKENDS.index(backend[a]) + 1) % len(BACKENDS)]
                 put(a)
-            estate.wait_synced(timeout=60)
+            estate.admin.wait_synced(timeout=60)
         load.interrupt()
         result = load.result()
     return {

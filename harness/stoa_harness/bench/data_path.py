@@ -24,7 +24,6 @@ from typing import Any
 from stoa_harness.bench.load import WrkResult, run_wrk
 from stoa_harness.bench.report import spread
 from stoa_harness.bench.rig import Rig, cpu_seconds, session_pids
-from stoa_harness.estate import checked
 from stoa_harness.wait import wait_until
 
 API_ID = "bench-dp"
@@ -99,8 +98,8 @@ def _check_clean(name: str, phase: dict[str, Any]) -> None:
 
 def run(rig: Rig, *, reps: int, duration_s: float, one_conn_duration_s: float) -> dict[str, Any]:
     estate = rig.estate
-    checked(estate.admin.post("/v1/tenants/demo/apis", json=rig.api_body(API_ID, jwt=True)))
-    estate.wait_synced(estate.deploy(API_ID))
+    estate.admin.create_api(tenant_id="demo", **rig.api_body(API_ID, jwt=True))
+    estate.admin.wait_synced(estate.admin.deploy(API_ID))
     cached = rig.mint_tokens(1)
     uncached = rig.mint_tokens(UNCACHED_TOKENS)
     headers = {"authorization": f"Bearer {cached[0]}"}

@@ -18,7 +18,7 @@ def series(prometheus_text: str) -> int:
 
 def run(rig: Rig, *, window_s: float) -> dict[str, Any]:
     estate = rig.estate
-    estate.wait_synced(timeout=60)
+    estate.admin.wait_synced(timeout=60)
     pids = session_pids(rig.link_pid)
     before = cpu_seconds(pids)
     time.sleep(window_s)  # the measurement window itself, not a wait for a condition

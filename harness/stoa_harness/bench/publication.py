@@ -19,7 +19,6 @@ from typing import Any
 
 from stoa_harness.bench.report import percentile, spread
 from stoa_harness.bench.rig import TENANT, Rig
-from stoa_harness.estate import checked
 from stoa_harness.wait import wait_until
 
 POLL_S = 0.005
@@ -36,7 +35,7 @@ class Ladder:
     def grow_to(self, count: int) -> None:
         new = [f"{PREFIX}-{i:05d}" for i in range(len(self.ids), count)]
         if new:
-            self.rig.estate.wait_synced(self.rig.bulk_deploy(new), timeout=120)
+            self.rig.estate.admin.wait_synced(self.rig.bulk_deploy(new), timeout=120)
             self.ids += new
 
     def _serving(self, path: str, deadline_s: float = 30.0) -> float:
@@ -50,11 +49,11 @@ class Ladder:
         out = []
         for _ in range(samples):
             api_id = f"{PREFIX}-{len(self.ids):05d}"
-            checked(estate.admin.post(f"/v1/tenants/{TENANT}/apis", json=self.rig.api_body(api_id)))
-            checked(estate.admin.put(f"/v1/gateways/{estate.gateway_id}/deployments/{api_id}"))
+            estate.admin.create_api(tenant_id=TENANT, **self.rig.api_body(api_id))
+            estate.admin.deploy(api_id)
             out.append(self._serving(f"/apis/{api_id}/x") * 1000)
             self.ids.append(api_id)
-            estate.wait_synced(timeout=60)
+            estate.admin.wait_synced(timeout=60)
         return out
 
     def one_change(self, samples: int) -> dict[str, Any]:
@@ -65,9 +64,9 @@ class Ladder:
             api_id = self.ids[n]
             new_prefix = f"/apis/{api_id}-moved-{n}"
             body = self.rig.api_body(api_id, path_prefix=new_prefix)
-            checked(estate.admin.put(f"/v1/tenants/{TENANT}/apis/{api_id}", json=body))
+            estate.admin.update_api(api_id, body, tenant_id=TENANT)
             start = time.perf_counter()
-            target = estate.desired_generation()
+            target = estate.admin.desired_generation()
             marks: dict[str, float] = {}
 
             def both(
@@ -80,7 +79,7 @@ class Ladder:
                 if "serving" not in marks and self.rig.answers(f"{prefix}/x"):
                     marks["serving"] = now
                 if "synced" not in marks:
-                    status = estate.status()
+                    status = estate.admin.status()
                     if status["state"] == "FAILED":
                         raise AssertionError(f"1-route change FAILED: {status['last_report']}")
                     if (
@@ -106,11 +105,11 @@ class Ladder:
         synced_s, serving_s = [], []
         last_path = f"/apis/{self.ids[-1]}/x"
         for _ in range(samples):
-            estate.wait_synced(self.rig.bulk_undeploy(self.ids), timeout=120)
+            estate.admin.wait_synced(self.rig.bulk_undeploy(self.ids), timeout=120)
             wait_until(lambda: self.rig.answers(last_path, 404), 30, f"{last_path} gone")
             generation = self.rig.bulk_deploy(self.ids, create=False)
             start = time.perf_counter()
-            estate.wait_synced(generation, timeout=120)
+            estate.admin.wait_synced(generation, timeout=120)
             synced_s.append(time.perf_counter() - start)
             wait_until(lambda: self.rig.answers(last_path), 30, f"{last_path} serving", interval=POLL_S)
             serving_s.append(time.perf_counter() - start)

@@ -32,8 +32,9 @@ import httpx
 from stoa_cp.schemas import ApiIn
 from stoa_cp.store.publication import bump, lock_gateway, lock_tenant
 
+from stoa_harness.cp_client import AsyncCPClient
 from stoa_harness.envoy import EnvoyProcess
-from stoa_harness.estate import Estate, EstateOptions, checked
+from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
 from stoa_harness.ports import free_port
 from stoa_harness.postgres import EmbeddedPostgres
@@ -196,14 +197,9 @@ class Rig:
             authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE, "STOA_AUTHZ_WORKERS": "1"},
         )
         self.estate = self._stack.enter_context(Estate(options, postgres=pg, run_dir=self.run_dir / "estate"))
-        self.estate.ensure_tenant(TENANT)
-        checked(
-            self.estate.admin.post(
-                f"/v1/tenants/{TENANT}/issuers",
-                json={"issuer": self.idp.issuer, "jwks_uri": self.idp.jwks_uri},
-            )
-        )
-        self.estate.wait_synced()
+        self.estate.admin.create_tenant(TENANT, exist_ok=True)
+        self.estate.admin.add_issuer(TENANT, self.idp.issuer, self.idp.jwks_uri)
+        self.estate.admin.wait_synced()
         # The estate's Envoy again, with the proxy-only listener merged into its bootstrap.
         envoy = self.estate.envoy
         envoy.stop()
@@ -346,18 +342,19 @@ class Rig:
 
     async def _seed(self, api_ids: Sequence[str], backend: str) -> None:
         gate = asyncio.Semaphore(SEED_CONCURRENCY)
-        headers = {"authorization": f"Bearer {self.estate.admin_token}"}
         limits = httpx.Limits(max_connections=SEED_CONCURRENCY)
-        async with httpx.AsyncClient(
-            base_url=self.estate.cp_url, headers=headers, timeout=60, limits=limits
-        ) as client:
+        async with AsyncCPClient(
+            self.estate.cp_url,
+            self.estate.admin_token,
+            gateway_id=self.estate.gateway_id,
+            timeout=60,
+            limits=limits,
+        ) as cp:
 
             async def one(api_id: str) -> None:
                 async with gate:
-                    checked(
-                        await client.post(f"/v1/tenants/{TENANT}/apis", json=self.api_body(api_id, backend))
-                    )
-                    checked(await client.put(f"/v1/gateways/{self.estate.gateway_id}/deployments/{api_id}"))
+                    await cp.create_api(tenant_id=TENANT, **self.api_body(api_id, backend))
+                    await cp.deploy(api_id)
 
             await asyncio.gather(*(one(a) for a in api_ids))
 

@@ -1,6 +1,6 @@
 """CPU time per decision of a real `stoa-authz` process, driven over real gRPC from this process.
 
-    uv run python ext-authz/bench/check_cpu.py [--checks 5000] [--concurrency 8] [--workers 1]
+    uv run python -m stoa_harness.bench.check_cpu [--checks 5000] [--concurrency 8] [--workers 1]
 
 This process serves the policy set over an (insecure, loopback) ADS stream, starts the service as a
 subprocess, sends Checks with a fixed number in flight, and divides the service's process CPU time
@@ -34,12 +34,13 @@ from envoy.service.discovery.v3 import ads_pb2_grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
 from google.protobuf import any_pb2
 from stoa_authz.ads import TYPE_URL
+from stoa_proto import authz_pb2, inventory_pb2
+
 from stoa_harness.bench.rig import cpu_seconds, session_pids
 from stoa_harness.idp import DevIdentityProvider
 from stoa_harness.ports import free_port
 from stoa_harness.processes import stop_group
 from stoa_harness.wait import GiveUp, WaitTimeout, wait_until_async
-from stoa_proto import authz_pb2, inventory_pb2
 
 AUDIENCE = "stoa-bench"
 

@@ -1,0 +1,219 @@
+"""A site: the on-premises half of the estate for one gateway — a Link, a real Envoy, and in front of
+the upstream either the allow-all Check witness or the real `stoa-authz` — for a CP given by URL.
+
+The estate runs one for its own CP; the guard tests put one behind a scripted CP.
+
+    with Site(run_dir=d, cp_url=cp.url, gateway_id="gw-1", credential=c, authz="service") as site:
+        site.gateway_url, site.link_http_url, site.authz_decisions()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from stoa_harness.envoy import EnvoyProcess
+from stoa_harness.lifecycle import Lifecycle
+from stoa_harness.ports import free_port
+from stoa_harness.processes import SupervisedProcess, tcp_accepting
+from stoa_harness.wait import wait_until
+from stoa_harness.witness import CheckWitness
+
+AuthzKind = Literal["witness", "service"]
+
+
+def console_script(name: str) -> str:
+    """A workspace console script: next to this interpreter (the venv), else on PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} not found: run `uv sync --all-packages`")
+    return found
+
+
+def http_ok(url: str) -> bool:
+    """True when `url` answers 200 (a readiness probe)."""
+    return httpx.get(url, timeout=1.0).status_code == 200
+
+
+class Site(Lifecycle):
+    """Link + Envoy + the authorization stand-in (witness) or the real `stoa-authz`, for one gateway."""
+
+    def __init__(
+        self,
+        *,
+        run_dir: Path,
+        cp_url: str,
+        gateway_id: str,
+        credential: str,
+        authz: AuthzKind = "witness",
+        link_env: Mapping[str, str] | None = None,
+        authz_env: Mapping[str, str] | None = None,
+        start_timeout: float = 60.0,
+    ) -> None:
+        self.run_dir = run_dir
+        self.cp_url = cp_url
+        self.gateway_id = gateway_id
+        self.credential = credential
+        self.authz_kind = authz
+        self.extra_link_env = dict(link_env or {})
+        self.extra_authz_env = dict(authz_env or {})
+        self.start_timeout = start_timeout
+        self.tls_dir = run_dir / "tls"
+        self.ads_port = free_port()
+        self.listener_port = free_port()
+        self.envoy_admin_port = free_port()
+        self.authz_http_port = free_port()
+        self.authz_grpc_port = free_port()
+        self.link_http_port = free_port()
+        self.witness: CheckWitness | None = None
+        self.authz: SupervisedProcess | None = None
+        self.link: SupervisedProcess | None = None
+        self.envoy: EnvoyProcess | None = None
+        self._stack = contextlib.ExitStack()
+
+    @property
+    def ads_address(self) -> str:
+        return f"127.0.0.1:{self.ads_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.listener_port}"
+
+    @property
+    def ext_authz_address(self) -> str:
+        if self.witness is not None:
+            return self.witness.address
+        return self.authz_env["STOA_AUTHZ_GRPC_ADDRESS"]
+
+    @property
+    def link_env(self) -> dict[str, str]:
+        return {
+            "STOA_LINK_CP_URL": self.cp_url,
+            "STOA_LINK_GATEWAY_ID": self.gateway_id,
+            "STOA_LINK_GATEWAY_CREDENTIAL": self.credential,
+            "STOA_LINK_ADS_ADDRESS": self.ads_address,
+            "STOA_LINK_TLS_DIR": str(self.tls_dir),
+            # The witness has no ADS client certificate: no authorization-service client expected.
+            "STOA_LINK_AUTHZ_SAN": "" if self.authz_kind == "witness" else "spiffe://stoa.local/ext-authz",
+            "STOA_LINK_LISTENER_ADDRESS": "127.0.0.1",
+            "STOA_LINK_LISTENER_PORT": str(self.listener_port),
+            "STOA_LINK_EXT_AUTHZ_ADDRESS": self.ext_authz_address,
+            "STOA_LINK_STATE_DIR": str(self.run_dir / "link-state"),
+            "STOA_LINK_ENVOY_ADMIN_PORT": str(self.envoy_admin_port),
+            "STOA_LINK_ENV": "development",
+            "STOA_LINK_HTTP_ADDRESS": f"127.0.0.1:{self.link_http_port}",
+            # The first publication's deadline also covers Envoy and stoa-authz starting and
+            # connecting; 10 s (the default) is not enough on a loaded 2-core machine. It only
+            # bounds a failure: an ACK or NACK ends the wait as soon as it arrives.
+            "STOA_LINK_ACK_TIMEOUT_S": "30",
+            **self.extra_link_env,
+        }
+
+    @property
+    def authz_env(self) -> dict[str, str]:
+        return {
+            "STOA_AUTHZ_GRPC_ADDRESS": f"127.0.0.1:{self.authz_grpc_port}",
+            "STOA_AUTHZ_HTTP_ADDRESS": f"127.0.0.1:{self.authz_http_port}",
+            "STOA_AUTHZ_ADS_ADDRESS": self.ads_address,
+            "STOA_AUTHZ_TLS_CA": str(self.tls_dir / "ca.pem"),
+            "STOA_AUTHZ_TLS_CERT": str(self.tls_dir / "authz-client.pem"),
+            "STOA_AUTHZ_TLS_KEY": str(self.tls_dir / "authz-client-key.pem"),
+            "STOA_ENV": "development",
+            **self.extra_authz_env,
+        }
+
+    @property
+    def link_http_url(self) -> str:
+        """The Link's operator endpoint (/health/live, /health/ready, /metrics)."""
+        return f"http://127.0.0.1:{self.link_http_port}"
+
+    @property
+    def authz_http_url(self) -> str:
+        return f"http://127.0.0.1:{self.authz_http_port}"
+
+    def wait_authz_ready(self, timeout: float = 30.0) -> None:
+        """Until `stoa-authz` says ready (it holds a policy set), which is later than its start."""
+        url = f"{self.authz_http_url}/health/ready"
+        wait_until(lambda: http_ok(url), timeout, "stoa-authz ready")
+
+    def authz_decisions(
+        self, *, direct: Callable[[dict[str, Any]], bool] | None = None, timeout: float = 10.0
+    ) -> list[dict[str, Any]]:
+        """The `ext_authz_decision` events of stoa-authz, once its log holds one for every Check
+        Envoy had answered so far: the service writes that log buffered, a moment after it answers.
+        Events matching `direct` (Checks a test sent to the service itself) are left out."""
+        assert self.envoy is not None
+        answered = self.envoy.counters(r"^http\..*\.ext_authz\.(ok|denied)$")
+
+        def logged() -> tuple[list[dict[str, Any]]] | None:
+            events = self.authz_events("ext_authz_decision")
+            through_envoy = [e for e in events if direct is None or not direct(e)]
+            return (through_envoy,) if len(through_envoy) >= answered else None
+
+        [events] = wait_until(logged, timeout, f"{answered} decision(s) in the stoa-authz log")
+        return events
+
+    def authz_events(self, name: str) -> list[dict[str, Any]]:
+        """The JSON events `stoa-authz` logged so far whose `event` or `message` is `name`, oldest first."""
+        assert self.authz is not None, "this site runs the witness, not stoa-authz"
+        lines = self.authz.log_path.read_text(errors="replace").splitlines()
+        events = [json.loads(line) for line in lines if line.startswith("{")]
+        return [e for e in events if name in (e.get("event"), e.get("message"))]
+
+    def _start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        link_cli = console_script("stoa-link")
+        if self.authz_kind == "witness":
+            self.witness = self._stack.enter_context(CheckWitness())
+        self._run_once("certs", [link_cli, "certs", "--out", str(self.tls_dir)])
+        self.link = SupervisedProcess(
+            "link",
+            [link_cli, "run"],
+            log_dir=self.run_dir,
+            env=self.link_env,
+            ready=lambda: tcp_accepting("127.0.0.1", self.ads_port),
+            ready_timeout=self.start_timeout,
+        )
+        self._stack.callback(self.link.stop)
+        self.link.start()
+        if self.authz_kind == "service":
+            self.authz = SupervisedProcess(
+                "authz",
+                [console_script("stoa-authz")],
+                log_dir=self.run_dir,
+                env=self.authz_env,
+                ready=lambda: http_ok(f"{self.authz_http_url}/health/live"),
+                ready_timeout=self.start_timeout,
+            )
+            self._stack.callback(self.authz.stop)
+            self.authz.start()
+        bootstrap = self.run_dir / "envoy-bootstrap.yaml"
+        self._run_once("bootstrap", [link_cli, "bootstrap", "--out", str(bootstrap)])
+        self.envoy = EnvoyProcess(bootstrap, self.envoy_admin_port, self.run_dir / "envoy.log")
+        self._stack.callback(self.envoy.stop)
+        self.envoy.start(ready_timeout=self.start_timeout)
+
+    def _run_once(self, name: str, argv: Sequence[str]) -> None:
+        """A Link subcommand that runs to completion (certs, bootstrap) with the Link's settings."""
+        proc = SupervisedProcess(name, argv, log_dir=self.run_dir, env=self.link_env)
+        proc.start()
+        assert proc.proc is not None
+        try:
+            code = proc.proc.wait(timeout=self.start_timeout)
+        finally:
+            proc.stop()  # only does something when the wait timed out: nothing is left running
+        if code != 0:
+            raise RuntimeError(f"stoa-link {name} failed ({code})\n{proc.log_tail()}")
+
+    def stop(self) -> None:
+        self._stack.close()
