@@ -52,7 +52,10 @@ class ThreadedASGIServer(Lifecycle):
         return f"http://{self.host}:{self.port}"
 
     def _start(self) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named explicitly: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose
+        # `proto` says TCP, and a socket made with proto 0 would hold each response's second write
+        # until the client's delayed ACK (~40 ms per keep-alive request).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]

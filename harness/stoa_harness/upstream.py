@@ -1,7 +1,9 @@
 """The demo/echo upstream: answers every request with JSON {method, path, query, headers, body}
 and records each arrival, so a test can prove what reached the upstream and when.
 
-It runs in-process (uvicorn on its own thread) on a socket bound to 127.0.0.1 port 0.
+It runs in-process (uvicorn on its own thread) on a socket bound to 127.0.0.1 port 0. The record
+keeps the latest `max_arrivals` requests only, so an estate can serve traffic for days at a steady
+footprint (`make run`); a test that looks at more requests than that sets a larger bound.
 
     with EchoUpstream() as up:
         up.url                        # http://127.0.0.1:<port>
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -54,11 +57,16 @@ def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
     return out
 
 
+DEFAULT_MAX_ARRIVALS = 10_000
+
+
 class EchoUpstream(Lifecycle):
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, max_arrivals: int = DEFAULT_MAX_ARRIVALS
+    ) -> None:
         self.host = host
         self._lock = threading.Lock()
-        self._arrivals: list[Arrival] = []
+        self._arrivals: deque[Arrival] = deque(maxlen=max_arrivals)
         self._reply = _Reply()
         self._http = ThreadedASGIServer(self._app, "echo-upstream", host, port)
 
@@ -79,7 +87,8 @@ class EchoUpstream(Lifecycle):
         return self._http.url
 
     def arrivals(self, path_prefix: str | None = None) -> list[Arrival]:
-        """Arrivals so far, oldest first (optionally only those whose path starts with `path_prefix`)."""
+        """The recorded arrivals (the latest `max_arrivals`), oldest first (optionally only those whose
+        path starts with `path_prefix`)."""
         with self._lock:
             items = list(self._arrivals)
         return [a for a in items if path_prefix is None or a.path.startswith(path_prefix)]
