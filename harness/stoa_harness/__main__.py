@@ -4,7 +4,9 @@ Starts embedded PostgreSQL, the CP, the echo upstream, the dev identity provider
 service (or, with `--authz witness`, the allow-all Check witness), a Link and a real Envoy; seeds
 the demo tenant (trusting the dev identity provider) and API with its policies, deploys it on the
 gateway, waits for SYNCED, prints where everything is and ready-to-paste curl lines, writes
-`.stoa/estate.json`, and runs until Ctrl-C or SIGTERM, then stops every process it started.
+`.stoa/estate.json`, and runs until Ctrl-C, SIGTERM or SIGHUP (any number of them), restarting a
+process that crashes, then stops every process it started. `stoa-estate status` shows the processes
+(pid, running, restarts).
 """
 
 from __future__ import annotations
@@ -14,19 +16,19 @@ import contextlib
 import json
 import shlex
 import shutil
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
+from stoa_harness.stop_signals import StopRequested, StopSignals
+from stoa_harness.supervisor import Supervisor
 
 DEMO_TENANT = "demo"
 DEMO_API = "echo"
 STATE_DIR = Path(".stoa")
+SUPERVISE_EVERY_S = 0.5
 
 
 DEMO_ORIGIN = "http://localhost:3000"
@@ -140,43 +142,78 @@ def describe(estate: Estate, extra: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def write_state(state_file: Path, info: dict[str, Any]) -> None:
+    """`.stoa/estate.json`, replaced in one step: a reader never sees half a file."""
+    partial = state_file.with_suffix(".json.partial")
+    partial.write_text(json.dumps(info, indent=2) + "\n")
+    partial.replace(state_file)
+
+
 def run(args: argparse.Namespace) -> int:
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     run_dir = (STATE_DIR / "run").resolve()
     # A fresh estate each time: the previous run's Link state would be stale against a new CP database.
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     state_file = STATE_DIR / "estate.json"
     print(f"starting the local estate (logs in {run_dir}) ...", flush=True)
-    with contextlib.ExitStack() as stack:
-        idp = None
-        options = EstateOptions(authz=args.authz)
-        if args.authz == "service":
-            idp = stack.enter_context(DevIdentityProvider(audience=AUDIENCE))
-            options = EstateOptions(authz="service", authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE})
-        estate = stack.enter_context(Estate(options, run_dir=run_dir))
-        info = describe(estate, seed_demo(estate, idp))
-        state_file.write_text(json.dumps(info, indent=2) + "\n")
-        stack.callback(state_file.unlink, missing_ok=True)
+    try:
+        with StopSignals() as stop, contextlib.ExitStack() as stack:
+            idp = None
+            options = EstateOptions(authz=args.authz)
+            if args.authz == "service":
+                idp = stack.enter_context(DevIdentityProvider(audience=AUDIENCE))
+                options = EstateOptions(authz="service", authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE})
+            estate = stack.enter_context(Estate(options, run_dir=run_dir))
+            info = describe(estate, seed_demo(estate, idp))
+            supervisor = Supervisor(estate.processes(), log=lambda line: print(line, flush=True))
+
+            def state() -> dict[str, Any]:
+                postgres = {"postgres": {"pid": estate.postgres.pid if estate.postgres else None}}
+                return {**info, "processes": {**postgres, **supervisor.status()}}
+
+            write_state(state_file, state())
+            stack.callback(state_file.unlink, missing_ok=True)
+            print(
+                f"\nSTOA local estate is up ({state_file} written)\n"
+                f"  control plane   {estate.cp_url}   (admin token: {estate.admin_token})\n"
+                f"  gateway         {estate.gateway_url}   (gateway {estate.gateway_id}, SYNCED)\n"
+                f"  envoy admin     {estate.envoy_admin_url}\n"
+                f"  echo upstream   {estate.upstream.url}\n"
+                + (f"  dev IdP         {idp.issuer}   (audience {AUDIENCE})\n" if idp is not None else "")
+                + f"\n{demonstrate(estate, info)}\n"
+                + f"\nTry:\n{usage(estate, info)}\n\n"
+                + "A crashed process is restarted (`stoa-estate status` counts restarts).\n"
+                + "Ctrl-C stops everything.",
+                flush=True,
+            )
+            stop.serving = True
+            while not stop.wait(SUPERVISE_EVERY_S):
+                if supervisor.tick():
+                    write_state(state_file, state())
+            print("stopping ...", flush=True)
+    except StopRequested as stopped:
+        print(f"{stopped}: everything it had started is stopped", flush=True)
+        return 128 + stopped.signum
+    return 0
+
+
+def status() -> int:
+    """What `.stoa/estate.json` says about the running estate's processes."""
+    state_file = STATE_DIR / "estate.json"
+    try:
+        info = json.loads(state_file.read_text())
+    except FileNotFoundError:
+        print(f"no estate is running here ({state_file} not found)")
+        return 1
+    print(f"gateway {info['gateway_url']}   control plane {info['cp_url']}")
+    for name, process in info.get("processes", {}).items():
+        pid = process.get("pid")
+        alive = pid is not None and Path(f"/proc/{pid}").exists()
+        restarts = process.get("restarts")
         print(
-            f"\nSTOA local estate is up ({state_file} written)\n"
-            f"  control plane   {estate.cp_url}   (admin token: {estate.admin_token})\n"
-            f"  gateway         {estate.gateway_url}   (gateway {estate.gateway_id}, SYNCED)\n"
-            f"  envoy admin     {estate.envoy_admin_url}\n"
-            f"  echo upstream   {estate.upstream.url}\n"
-            + (f"  dev IdP         {idp.issuer}   (audience {AUDIENCE})\n" if idp is not None else "")
-            + f"\n{demonstrate(estate, info)}\n"
-            + f"\nTry:\n{usage(estate, info)}\n\nCtrl-C stops everything.",
-            flush=True,
+            f"  {name:<10} pid {pid!s:<8} {'running' if alive else 'not running'}"
+            + (f"   restarts {restarts}" if restarts is not None else "")
         )
-        stop.wait()
-        print("stopping ...", flush=True)
     return 0
 
 
@@ -191,9 +228,12 @@ def main(argv: list[str] | None = None) -> int:
         help="authorization in front of the demo API: stoa-authz with the dev identity provider "
         "(default) or the allow-all Check witness",
     )
+    sub.add_parser("status", help="the running estate's processes: pid, running or not, restarts")
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args)
+    if args.command == "status":
+        return status()
     return 2
 
 

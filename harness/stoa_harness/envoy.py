@@ -1,4 +1,4 @@
-"""The real Envoy: where its binary is, `--mode validate`, and a supervised Envoy process."""
+"""The real Envoy: where its binary is, `--mode validate`, and an Envoy process (a `SupervisedProcess`)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,15 @@ import tempfile
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
-from stoa_harness.processes import stop_group
-from stoa_harness.wait import GiveUp, wait_until
+from stoa_harness.processes import SupervisedProcess
 
 
 class EnvoyConfigError(Exception):
     """Envoy refused a configuration; the message is Envoy's own."""
-
-
-class EnvoyExited(EnvoyConfigError, GiveUp):
-    """Envoy exited while it was being waited on: waiting longer cannot help."""
 
 
 @cache
@@ -83,8 +77,9 @@ def validate_config(config: Mapping[str, Any] | str | Path, timeout: float = 60.
         raise EnvoyConfigError((proc.stderr or proc.stdout).strip()[-4000:])
 
 
-class EnvoyProcess:
-    """A real Envoy started from a bootstrap file, stopped by PID; logs go to a file."""
+class EnvoyProcess(SupervisedProcess):
+    """A real Envoy started from a bootstrap file, stopped by PID (its process group); logs go to
+    `log_path`. Ready once its admin interface answers."""
 
     def __init__(
         self,
@@ -94,51 +89,34 @@ class EnvoyProcess:
         extra_args: tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
     ) -> None:
+        super().__init__(log_path.stem, [], log_dir=log_path.parent, env=env, ready=self._admin_up)
         self.bootstrap = bootstrap
         self.admin_port = admin_port
-        self.log_path = log_path
-        self.extra_args = extra_args
-        self.env = env
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.extra_args = extra_args  # read at each start: a restart may merge in more configuration
 
     @property
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
 
-    def start(self, ready_timeout: float = 30.0) -> EnvoyProcess:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                envoy_binary(),
-                "-c",
-                str(self.bootstrap),
-                "--log-level",
-                "info",
-                "--use-dynamic-base-id",
-                "--drain-time-s",
-                "1",
-                "--parent-shutdown-time-s",
-                "2",
-                *self.extra_args,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(self.env or {})},
-            start_new_session=True,
-        )
-        log.close()
-        try:
-            what = f"Envoy admin on {self.admin_url} (log {self.log_path})"
-            wait_until(self._admin_up, ready_timeout, what)
-        except BaseException:
-            self.stop()  # an Envoy that never came up is not left running
-            raise
-        return self
+    def start(self, ready_timeout: float | None = None, *, wait_ready: bool = True) -> Self:
+        self.argv = [
+            envoy_binary(),
+            "-c",
+            str(self.bootstrap),
+            "--log-level",
+            "info",
+            "--use-dynamic-base-id",
+            "--drain-time-s",
+            "1",
+            "--parent-shutdown-time-s",
+            "2",
+            *self.extra_args,
+        ]
+        if ready_timeout is not None:
+            self.ready_timeout = ready_timeout
+        return super().start(wait_ready=wait_ready)
 
     def _admin_up(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise EnvoyExited(f"Envoy exited with {self.proc.returncode}: see {self.log_path}")
         return httpx.get(f"{self.admin_url}/ready", timeout=1.0).status_code in (200, 503)
 
     def admin_get(self, path: str, **params: str) -> httpx.Response:
@@ -176,15 +154,3 @@ class EnvoyProcess:
                 dyn = section.get("dynamic_route_configs", [])
                 out["rds"] = dyn[0].get("version_info", "") if dyn else ""
         return out
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_group(self.proc, timeout=10)
-
-    def __enter__(self) -> EnvoyProcess:
-        return self.start() if self.proc is None else self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

@@ -114,6 +114,13 @@ class Estate(Lifecycle):
     def link_http_url(self) -> str:
         return self._site.link_http_url
 
+    def processes(self) -> list[SupervisedProcess]:
+        """The subprocesses this estate started and keeps up (PostgreSQL aside): CP, Link, stoa-authz
+        when it runs, Envoy."""
+        site = self._site
+        candidates = (self.cp, site.link, site.authz, site.envoy)
+        return [p for p in candidates if p is not None]
+
     def url(self, path: str) -> str:
         """A URL on the gateway's listener (the real Envoy)."""
         return f"{self.gateway_url}{path}"

@@ -123,6 +123,14 @@ class EmbeddedPostgres(Lifecycle):
         return self.dsn_for(name)
 
     @property
+    def pid(self) -> int | None:
+        """The postmaster's PID (from its `postmaster.pid`), None when the server is not running."""
+        try:
+            return int((self._data / "postmaster.pid").read_text().split("\n", 1)[0])
+        except (OSError, ValueError, PostgresError):
+            return None
+
+    @property
     def log_file(self) -> Path:
         return self._dir / "server.log"
 

@@ -7,6 +7,7 @@ and nothing else: the signal goes to that group's PID only.
     cp.start()          # returns once `ready()` holds, or raises with the log's tail
     cp.restart()        # outage tests: stop, then start again with the same command and env
     cp.stop()           # SIGTERM, then SIGKILL after a grace period
+    cp.crashed          # it exited although nobody stopped it (what a Supervisor restarts)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import socket
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Self
 
 from stoa_harness.lifecycle import Lifecycle
 from stoa_harness.wait import GiveUp, WaitTimeout, wait_until
@@ -49,6 +51,7 @@ class SupervisedProcess(Lifecycle):
         self.cwd = cwd
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.wanted = False  # started and not stopped on purpose: an exit now is a crash
 
     @property
     def pid(self) -> int | None:
@@ -58,7 +61,12 @@ class SupervisedProcess(Lifecycle):
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self) -> SupervisedProcess:
+    @property
+    def crashed(self) -> bool:
+        return self.wanted and not self.running
+
+    def start(self, *, wait_ready: bool = True) -> Self:
+        """Start the process; unless `wait_ready` is False, return once `ready()` holds."""
         if self.running:
             raise ProcessFailed(f"{self.name} is already running (pid {self.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +82,8 @@ class SupervisedProcess(Lifecycle):
                 cwd=self.cwd,
                 start_new_session=True,
             )
-        if self.ready is not None:
+        self.wanted = True
+        if wait_ready and self.ready is not None:
             try:
                 wait_until(self._ready_or_dead, self.ready_timeout, f"{self.name} ready")
             except (WaitTimeout, ProcessFailed) as exc:
@@ -90,11 +99,12 @@ class SupervisedProcess(Lifecycle):
 
     def stop(self) -> int | None:
         """Stop the process group by PID: SIGTERM, then SIGKILL after `stop_timeout`; the exit code."""
+        self.wanted = False
         if self.proc is None:
             return None
         return stop_group(self.proc, self.stop_timeout)
 
-    def restart(self) -> SupervisedProcess:
+    def restart(self) -> Self:
         self.stop()
         return self.start()
 

@@ -1,0 +1,171 @@
+"""`stoa-estate run` (what `make run` starts), as a user runs it: a real launcher process in its own
+directory. It restarts a process that crashes, and quick stop signals in a row stop it and every
+process it started.
+
+The module's tests share one launcher; the stop test comes last, as it ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from stoa_harness.processes import stop_group
+from stoa_harness.site import console_script
+from stoa_harness.wait import wait_until
+
+START_TIMEOUT_S = 180.0
+RECOVERY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 90.0
+# The demo API allows 20 authorized requests per 10 s: polling slower than that never meets a 429.
+POLL_INTERVAL_S = 1.0
+
+
+@dataclass
+class Launcher:
+    proc: subprocess.Popen[bytes]
+    cwd: Path
+
+    @property
+    def state_file(self) -> Path:
+        return self.cwd / ".stoa" / "estate.json"
+
+    def state(self) -> dict[str, Any]:
+        return json.loads(self.state_file.read_text())
+
+    def pids(self) -> dict[str, int]:
+        return {name: p["pid"] for name, p in self.state()["processes"].items() if p.get("pid")}
+
+    def output(self) -> str:
+        return (self.cwd / "launcher.log").read_text(errors="replace")
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie waiting to be reaped is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Live processes whose command line holds `text` (the launcher's directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline and alive(int(entry.name)):
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    cwd = tmp_path_factory.mktemp("launcher")
+    with (cwd / "launcher.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [console_script("stoa-estate"), "run"],
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    running = Launcher(proc, cwd)
+    recorded: dict[str, int] = {}
+    try:
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"stoa-estate run exited with {proc.returncode}:\n{running.output()}")
+            return running.state_file.exists()
+
+        wait_until(up, START_TIMEOUT_S, "stoa-estate run to write .stoa/estate.json")
+        recorded = running.pids()
+        yield running
+    finally:
+        # Only after a failure is anything left: stop it by PID (each child leads its own group).
+        if proc.poll() is None:
+            stop_group(proc, 30)
+        if running.state_file.exists():
+            recorded.update(running.pids())
+        for pid in recorded.values():
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_killed_authorization_service_is_restarted_and_requests_recover(launcher: Launcher) -> None:
+    state = launcher.state()
+    url = f"{state['gateway_url']}{state['demo_path']}"
+    headers = {"authorization": f"Bearer {state['demo_token']}"}
+    assert httpx.get(url, headers=headers, timeout=5).status_code == 200
+    killed = state["processes"]["authz"]["pid"]
+    assert state["processes"]["authz"]["restarts"] == 0
+
+    os.killpg(killed, signal.SIGKILL)
+
+    def served() -> bool:
+        return httpx.get(url, headers=headers, timeout=5).status_code == 200
+
+    wait_until(served, RECOVERY_TIMEOUT_S, "a 200 through Envoy again", interval=POLL_INTERVAL_S)
+    authz = wait_until(
+        lambda: (a := launcher.state()["processes"]["authz"])["restarts"] == 1 and a,
+        10,
+        "the restart counted in .stoa/estate.json",
+    )
+    assert authz["pid"] != killed
+    assert alive(authz["pid"])
+    output = launcher.output()
+    assert f"authz (pid {killed}) exited" in output
+    assert "killed by signal 9" in output
+    assert f"authz restarted (pid {authz['pid']}, restart 1)" in output
+    status = subprocess.run(
+        [console_script("stoa-estate"), "status"],
+        cwd=launcher.cwd,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    assert f"pid {authz['pid']}" in status
+    assert "restarts 1" in status
+
+
+def test_quick_stop_signals_stop_the_launcher_and_every_process_it_started(launcher: Launcher) -> None:
+    started = launcher.pids()
+    assert set(started) == {"postgres", "cp", "link", "authz", "envoy"}
+    assert all(alive(pid) for pid in started.values())
+
+    # Back to back, as a terminal's process group and a wrapper forwarding them deliver them.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM):
+        os.killpg(launcher.proc.pid, signum)
+
+    try:
+        code = launcher.proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"stoa-estate run still running {STOP_TIMEOUT_S} s after the signals")
+    assert code == 0, launcher.output()
+    left = wait_until(
+        lambda: (
+            not [n for n, pid in started.items() if alive(pid)]
+            and not processes_mentioning(str(launcher.cwd))
+        ),
+        10,
+        "every process the launcher started to be gone",
+    )
+    assert left
+    assert not launcher.state_file.exists()
+    assert "stopping ..." in launcher.output()
