@@ -37,20 +37,22 @@ class RecordedLog(DecisionLog):
 
 
 def make_decider(
-    idp, policy, audience=AUD, required=frozenset(), versions=("v1",)
-) -> tuple[Decider, Envelope]:
+    idp, policy, audience=AUD, required=frozenset(), versions=("v1",), identifier=None
+) -> tuple[Decider, Envelope, RecordedLog]:
+    """A Decider on the policy sets `policy(idp, version)`; also its envelope and its decision log."""
     store = PolicyStore()
     for version in versions:
         store.add(compile_policy_set(policy(idp, version)))
     envelope = Envelope(OKPKey.generate_key("Ed25519"), "stoa-ext-authz")
+    log = RecordedLog()
     decider = Decider(
         DecisionConfig(audience, frozenset(required)),
         store,
-        Identifier(audience, "tenant_id"),
+        identifier or Identifier(audience, "tenant_id"),
         envelope,
-        RecordedLog(),
+        log,
     )
-    return decider, envelope
+    return decider, envelope, log
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -75,7 +77,7 @@ def raw_rs256(idp, header: dict, claims: dict, key: RSAKey | None = None) -> str
     these headers): by the IdP's key unless another `key` is given."""
     head = json.dumps({"alg": "RS256", "kid": idp.kid, **header}).encode()
     signing_input = f"{b64(head)}.{b64(json.dumps(claims).encode())}"
-    signature = (key or idp._key).private_key.sign(
+    signature = (key or idp.signing_key).private_key.sign(
         signing_input.encode(), padding.PKCS1v15(), hashes.SHA256()
     )
     return f"{signing_input}.{b64(signature)}"
@@ -304,9 +306,9 @@ CASES = [
 
 @pytest.mark.parametrize(("build", "reason", "status"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 async def test_decision(idp, req, policy, build, reason, status):
-    decider, _ = make_decider(idp, policy)
+    decider, _, log = make_decider(idp, policy)
     response = decider.decide(build(idp, req))
-    events = decider._decision_log.events()
+    events = log.events()
     assert [e["reason"] for e in events] == [reason.value]
     assert [(e["event"], e["logger"], e["decision"]) for e in events] == [
         ("ext_authz_decision", "stoa_authz.decision", "deny" if status else "allow")
@@ -330,7 +332,7 @@ async def test_decision(idp, req, policy, build, reason, status):
     ],
 )
 async def test_www_authenticate(idp, req, policy, token_kind, challenge):
-    decider, _ = make_decider(idp, policy)
+    decider, _, _ = make_decider(idp, policy)
     headers = {}
     if token_kind == "bad_signature":
         headers = bearer(idp.bad_signature(**GOOD))
@@ -341,7 +343,7 @@ async def test_www_authenticate(idp, req, policy, token_kind, challenge):
 
 
 async def test_no_audience_denies_everything(idp, req, policy):
-    decider, _ = make_decider(idp, policy, audience="")
+    decider, _, _ = make_decider(idp, policy, audience="")
     for request in (req(bearer(idp.mint(**GOOD))), req(route_id="open", api_id="open")):
         response = decider.decide(request)
         assert response.denied_response.status.code == 503
@@ -349,7 +351,7 @@ async def test_no_audience_denies_everything(idp, req, policy):
 
 
 async def test_global_required_scopes(idp, req, policy):
-    decider, _ = make_decider(idp, policy, required={"platform"})
+    decider, _, _ = make_decider(idp, policy, required={"platform"})
     denied = decider.decide(req(bearer(idp.mint(**GOOD))))
     assert denied.denied_response.status.code == 403
     allowed = decider.decide(req(bearer(idp.mint(tenant="acme", scope="orders:read platform"))))
@@ -357,7 +359,7 @@ async def test_global_required_scopes(idp, req, policy):
 
 
 async def test_allow_sets_identity_and_removes_forged_headers(idp, req, policy):
-    decider, envelope = make_decider(idp, policy)
+    decider, envelope, _ = make_decider(idp, policy)
     forged = {
         "x-stoa-tenant-id": "evil",
         "x-user-id": "root",
@@ -395,7 +397,7 @@ async def test_allow_sets_identity_and_removes_forged_headers(idp, req, policy):
 
 
 async def test_auth_none_route_strips_but_sets_no_subject(idp, req, policy):
-    decider, _ = make_decider(idp, policy)
+    decider, _, _ = make_decider(idp, policy)
     response = decider.decide(
         req({"x-stoa-subject": "forged", "X-User-Id": "root"}, route_id="open", api_id="open")
     )
@@ -404,7 +406,7 @@ async def test_auth_none_route_strips_but_sets_no_subject(idp, req, policy):
 
 
 async def test_raw_header_map_duplicates(idp, req, policy):
-    decider, _ = make_decider(idp, policy)
+    decider, _, log = make_decider(idp, policy)
     token = idp.mint(**GOOD)
     request = req()
     request.attributes.request.http.headers.clear()
@@ -413,6 +415,7 @@ async def test_raw_header_map_duplicates(idp, req, policy):
         entry.key, entry.raw_value = name, f"Bearer {token}".encode()
     response = decider.decide(request)
     assert response.denied_response.status.code == 400
+    assert [e["reason"] for e in log.events()] == ["malformed_request"]
 
 
 async def test_cached_token_expires(idp, req, policy):
@@ -435,22 +438,24 @@ async def test_cached_token_expires(idp, req, policy):
     assert len(store.get("v1").decisions) == 0
 
 
-async def test_internal_error_fails_closed(idp, req, policy):
-    decider, _ = make_decider(idp, policy)
+class BrokenIdentifier(Identifier):
+    """An identifier with a bug: whatever it is asked, it raises."""
 
-    def boom(*_args):
+    def identify(self, token, route):
         raise RuntimeError("secret-ish detail")
 
-    decider._identifier.identify = boom
+
+async def test_internal_error_fails_closed(idp, req, policy):
+    decider, _, log = make_decider(idp, policy, identifier=BrokenIdentifier(AUD, "tenant_id"))
     response = decider.decide(req(bearer(idp.mint(**GOOD))))
     assert response.denied_response.status.code == 503
-    assert [e["reason"] for e in decider._decision_log.events()] == ["internal_error"]
+    assert [e["reason"] for e in log.events()] == ["internal_error"]
 
 
 @pytest.mark.parametrize("raw", [False, True], ids=["headers", "header_map"])
 async def test_request_id_is_the_forwarded_x_request_id(idp, req, policy, raw):
     """Envoy's `http.id` is its stream id; the upstream and Envoy's logs know the x-request-id."""
-    decider, envelope = make_decider(idp, policy)
+    decider, envelope, log = make_decider(idp, policy)
     request = req({**bearer(idp.mint(**GOOD)), "x-request-id": "rid-5"}, request_id="4711")
     if raw:
         http = request.attributes.request.http
@@ -462,7 +467,7 @@ async def test_request_id_is_the_forwarded_x_request_id(idp, req, policy, raw):
     public = import_key(json.loads(envelope.jwks)["keys"][0])
     identity = jws.deserialize_compact(headers_of(response)["x-stoa-identity"], public, algorithms=["EdDSA"])
     assert json.loads(identity.payload)["request_id"] == "rid-5"
-    assert [e["request_id"] for e in decider._decision_log.events()] == ["rid-5"]
+    assert [e["request_id"] for e in log.events()] == ["rid-5"]
 
 
 async def test_keys_of_another_tenant_and_cached_allows_stay_on_their_route(idp, req, policy):
@@ -481,7 +486,7 @@ async def test_keys_of_another_tenant_and_cached_allows_stay_on_their_route(idp,
         )
         return message
 
-    decider, _ = make_decider(idp, two_tenants)
+    decider, _, log = make_decider(idp, two_tenants)
     foreign = other.mint(iss=globex, **GOOD)
     spoofed = other.sign({**other.claims(**GOOD), "iss": idp.issuer})
     token = idp.mint(**GOOD)
@@ -491,7 +496,7 @@ async def test_keys_of_another_tenant_and_cached_allows_stay_on_their_route(idp,
         decider.decide(req(bearer(token))),
         decider.decide(req(bearer(token), route_id="admin", api_id="admin")),
     ]
-    assert [e["reason"] for e in decider._decision_log.events()] == [
+    assert [e["reason"] for e in log.events()] == [
         "wrong_issuer",
         "invalid_token",
         "allowed",

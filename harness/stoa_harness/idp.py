@@ -71,6 +71,11 @@ class DevIdentityProvider(Lifecycle):
     def kid(self) -> str:
         return str(self._key.kid)
 
+    @property
+    def signing_key(self) -> RSAKey | ECKey:
+        """The current private key, for tests that sign what no JOSE library would produce."""
+        return self._key
+
     def _start(self) -> None:
         self._http.start()
 

@@ -15,7 +15,9 @@ from joserfc.jwk import import_key
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
 from stoa_harness.site import Site
+from stoa_harness.upstream import Arrival
 from stoa_harness.wait import wait_until
+from stoa_proto.bodies import DENY_BODIES
 
 AUDIENCE = "stoa-accept"
 PATH = "/apis/orders/items"
@@ -92,18 +94,53 @@ def test_bad_tokens_are_401(estate: Estate, idp: DevIdentityProvider, kind: str)
     assert estate.upstream.arrivals() == []
 
 
-def test_other_tenant_and_missing_scope_are_403(estate: Estate, idp: DevIdentityProvider) -> None:
-    for token in (
-        idp.mint(tenant="other", scope="orders:read"),
-        idp.mint(tenant="demo", scope="orders:write"),
-    ):
-        reply = get(estate, token)
-        assert reply.status_code == 403
-        assert reply.headers["www-authenticate"] == 'Bearer error="insufficient_scope"'
+def last_reason(estate: Estate) -> str:
+    """The reason of the latest decision stoa-authz logged for a request through Envoy."""
+    return str(authz_site(estate).authz_decisions()[-1]["reason"])
+
+
+def identity_claims(estate: Estate, arrival: Arrival) -> dict[str, Any]:
+    """The claims of the identity envelope the upstream received, its signature checked with the
+    service's published key."""
+    jwks = httpx.get(f"{authz_site(estate).authz_http_url}/.well-known/jwks.json").json()
+    envelope = jws.deserialize_compact(
+        arrival.header("x-stoa-identity"), import_key(jwks["keys"][0]), algorithms=["EdDSA"]
+    )
+    return json.loads(envelope.payload)
+
+
+@pytest.mark.parametrize(
+    ("claims", "reason"),
+    [
+        pytest.param({"tenant": "other", "scope": "orders:read"}, "tenant_mismatch", id="other-tenant"),
+        pytest.param({"tenant": "demo", "scope": "orders:write"}, "insufficient_scope", id="missing-scope"),
+    ],
+)
+def test_other_tenant_and_missing_scope_are_403(
+    estate: Estate, idp: DevIdentityProvider, claims: dict[str, Any], reason: str
+) -> None:
+    estate.upstream.clear()
+    reply = get(estate, idp.mint(**claims))
+    assert reply.status_code == 403
+    assert reply.headers["www-authenticate"] == 'Bearer error="insufficient_scope"'
+    assert reply.content == DENY_BODIES[403]
+    assert estate.upstream.arrivals() == []
+    assert last_reason(estate) == reason
 
 
 def test_scp_list_is_accepted(estate: Estate, idp: DevIdentityProvider) -> None:
-    assert get(estate, idp.mint(tenant="demo", scope=None, scp=["orders:read"])).status_code == 200
+    estate.upstream.clear()
+    reply = get(estate, idp.mint(tenant="demo", scope=None, scp=["orders:read"], sub="scp-client"))
+    assert reply.status_code == 200, reply.text
+    [arrival] = estate.upstream.arrivals()
+    assert arrival.header("x-stoa-tenant-id") == "demo"
+    assert arrival.header("x-stoa-subject") == "scp-client"
+    assert "orders:read" in identity_claims(estate, arrival)["scopes"]
+    # The list is what was read: the same list without the route's scope is refused.
+    refused = get(estate, idp.mint(tenant="demo", scope=None, scp=["orders:write"]))
+    assert refused.status_code == 403
+    assert last_reason(estate) == "insufficient_scope"
+    assert len(estate.upstream.arrivals()) == 1
 
 
 def test_allowed_request_carries_gateway_identity_only(estate: Estate, idp: DevIdentityProvider) -> None:
@@ -122,11 +159,7 @@ def test_allowed_request_carries_gateway_identity_only(estate: Estate, idp: DevI
     assert arrival.header("x-stoa-subject") == "client-1"
     assert arrival.header("x-user-id") is None
     assert arrival.header("x-tenant-id") is None
-    jwks = httpx.get(f"{authz_site(estate).authz_http_url}/.well-known/jwks.json").json()
-    envelope = jws.deserialize_compact(
-        arrival.header("x-stoa-identity"), import_key(jwks["keys"][0]), algorithms=["EdDSA"]
-    )
-    claims = json.loads(envelope.payload)
+    claims = identity_claims(estate, arrival)
     assert (claims["tenant"], claims["api"], claims["sub"]) == ("demo", "orders", "client-1")
 
 
@@ -162,11 +195,17 @@ def test_validly_signed_but_unusable_token_is_401_invalid_token(
 
 
 def test_duplicate_authorization_is_400(estate: Estate, idp: DevIdentityProvider) -> None:
+    estate.upstream.clear()
     token = idp.mint(**good())
     reply = estate.gateway.get(
         estate.url(PATH), headers=[("authorization", f"Bearer {token}"), ("authorization", f"Bearer {token}")]
     )
     assert reply.status_code == 400
+    assert reply.content == DENY_BODIES[400]
+    assert estate.upstream.arrivals() == []
+    assert last_reason(estate) == "malformed_request"
+    # The same token once is allowed: the duplicate is what was refused.
+    assert get(estate, token).status_code == 200
 
 
 def test_decision_log_has_one_event_per_request_and_no_secrets(
