@@ -87,7 +87,7 @@ class Supervisor:
         returncode = process.proc.returncode if process.proc is not None else None
         self.log(
             f"{process.name} (pid {process.pid}) exited after {lived:.1f} s "
-            f"({exit_description(returncode)}); restarting in {watched.delay_s:.1f} s"
+            f"({exit_description(returncode)}); restarting in {watched.delay_s:g} s"
         )
 
     def _restart(self, watched: _Watched, now: float) -> bool:
