@@ -1,4 +1,3 @@
-from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -63,22 +62,58 @@ class Route(_message.Message):
     def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., path_prefix: _Optional[str] = ..., methods: _Optional[_Iterable[str]] = ..., upstream_url: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Policy(_message.Message):
-    __slots__ = ("policy_id", "type", "config", "scope", "targets", "tenant_id", "applicable")
+    __slots__ = ("policy_id", "type", "scope", "targets", "tenant_id", "applicable", "cors", "rate_limit", "ip_filter")
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
-    CONFIG_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     APPLICABLE_FIELD_NUMBER: _ClassVar[int]
+    CORS_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    IP_FILTER_FIELD_NUMBER: _ClassVar[int]
     policy_id: str
     type: str
-    config: _struct_pb2.Struct
     scope: str
     targets: _containers.RepeatedScalarFieldContainer[str]
     tenant_id: str
     applicable: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, policy_id: _Optional[str] = ..., type: _Optional[str] = ..., config: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., scope: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., tenant_id: _Optional[str] = ..., applicable: _Optional[_Iterable[str]] = ...) -> None: ...
+    cors: CorsPolicy
+    rate_limit: RateLimitPolicy
+    ip_filter: IpFilterPolicy
+    def __init__(self, policy_id: _Optional[str] = ..., type: _Optional[str] = ..., scope: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., tenant_id: _Optional[str] = ..., applicable: _Optional[_Iterable[str]] = ..., cors: _Optional[_Union[CorsPolicy, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimitPolicy, _Mapping]] = ..., ip_filter: _Optional[_Union[IpFilterPolicy, _Mapping]] = ...) -> None: ...
+
+class CorsPolicy(_message.Message):
+    __slots__ = ("allowed_origins", "allowed_methods", "allowed_headers", "expose_headers", "max_age", "allow_credentials")
+    ALLOWED_ORIGINS_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_METHODS_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_HEADERS_FIELD_NUMBER: _ClassVar[int]
+    EXPOSE_HEADERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_AGE_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_CREDENTIALS_FIELD_NUMBER: _ClassVar[int]
+    allowed_origins: _containers.RepeatedScalarFieldContainer[str]
+    allowed_methods: _containers.RepeatedScalarFieldContainer[str]
+    allowed_headers: _containers.RepeatedScalarFieldContainer[str]
+    expose_headers: _containers.RepeatedScalarFieldContainer[str]
+    max_age: int
+    allow_credentials: bool
+    def __init__(self, allowed_origins: _Optional[_Iterable[str]] = ..., allowed_methods: _Optional[_Iterable[str]] = ..., allowed_headers: _Optional[_Iterable[str]] = ..., expose_headers: _Optional[_Iterable[str]] = ..., max_age: _Optional[int] = ..., allow_credentials: _Optional[bool] = ...) -> None: ...
+
+class RateLimitPolicy(_message.Message):
+    __slots__ = ("max_requests", "interval_seconds")
+    MAX_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    max_requests: int
+    interval_seconds: int
+    def __init__(self, max_requests: _Optional[int] = ..., interval_seconds: _Optional[int] = ...) -> None: ...
+
+class IpFilterPolicy(_message.Message):
+    __slots__ = ("mode", "ip_list")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    IP_LIST_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    ip_list: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, mode: _Optional[str] = ..., ip_list: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Tombstone(_message.Message):
     __slots__ = ("route_id", "generation")
@@ -101,20 +136,22 @@ class TrustedIssuer(_message.Message):
     def __init__(self, tenant_id: _Optional[str] = ..., issuer: _Optional[str] = ..., jwks_json: _Optional[str] = ..., jwks_uri: _Optional[str] = ...) -> None: ...
 
 class Inventory(_message.Message):
-    __slots__ = ("gateway_id", "generation", "routes", "policies", "tombstones", "issuers")
+    __slots__ = ("schema_version", "gateway_id", "generation", "routes", "policies", "tombstones", "issuers")
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     ROUTES_FIELD_NUMBER: _ClassVar[int]
     POLICIES_FIELD_NUMBER: _ClassVar[int]
     TOMBSTONES_FIELD_NUMBER: _ClassVar[int]
     ISSUERS_FIELD_NUMBER: _ClassVar[int]
+    schema_version: int
     gateway_id: str
     generation: int
     routes: _containers.RepeatedCompositeFieldContainer[Route]
     policies: _containers.RepeatedCompositeFieldContainer[Policy]
     tombstones: _containers.RepeatedCompositeFieldContainer[Tombstone]
     issuers: _containers.RepeatedCompositeFieldContainer[TrustedIssuer]
-    def __init__(self, gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ..., tombstones: _Optional[_Iterable[_Union[Tombstone, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ...) -> None: ...
+    def __init__(self, schema_version: _Optional[int] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ..., tombstones: _Optional[_Iterable[_Union[Tombstone, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ...) -> None: ...
 
 class SyncReport(_message.Message):
     __slots__ = ("gateway_id", "generation", "status", "snapshot_version", "reason", "detail")

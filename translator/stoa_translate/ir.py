@@ -2,34 +2,23 @@
 
 Every refusal about content is made here (UNSUPPORTED_POLICY, DUPLICATE_POLICY, INVALID_INVENTORY),
 so the renderers only ever see content they can express; each policy kind parses its own config
-(`stoa_translate.policies`). The IR is plain frozen
-data in a deterministic order (routes by route id, issuers by tenant then issuer).
+(`stoa_translate.policies`). The IR is plain frozen data in a deterministic order (routes by route id, issuers by tenant then issuer).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
-from google.protobuf import json_format
 from stoa_proto import inventory_pb2
 
-from stoa_translate.policies import KINDS
+from stoa_translate import fields
+from stoa_translate.policies import KINDS, ConfigError
 from stoa_translate.refusal import FailureReason, Refusal, invalid
 
-AUTH_MODES = ("jwt", "none")
 DEFAULT_AUTH_MODE = "jwt"
-
-_METHOD = re.compile(r"^[A-Z]+$")
-_HOST_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
-# A path (prefix or upstream base) of RFC 3986 path characters; no query, fragment, blank or control.
-_PATH = re.compile(r"^(/[A-Za-z0-9\-._~!$&'()*+,;=:@%]+)+$")
-_IP_LIKE = re.compile(r"^[0-9.]+$|:")
 
 
 @dataclass(frozen=True)
@@ -113,8 +102,7 @@ def build(
     routes: list[RouteIR] = []
     seen_prefixes: dict[str, str] = {}
     resolved: dict[bytes, RouteIR] = {}
-    # Routes mostly share a handful of upstreams: a URL is parsed once per build, not once per route.
-    backends: dict[str, tuple[Backend, str]] = {}
+    backends: dict[str, tuple[Backend, str] | str] = {}
     for route in sorted(inventory.routes, key=lambda r: r.route_id):
         if routes and routes[-1].route_id == route.route_id:
             raise _invalid(f"route {route.route_id}: duplicate route id")
@@ -146,24 +134,26 @@ def build(
     return site, resolved
 
 
-def _route(route: inventory_pb2.Route, backends: dict[str, tuple[Backend, str]]) -> RouteIR:
+def _route(route: inventory_pb2.Route, backends: dict[str, tuple[Backend, str] | str]) -> RouteIR:
     """The route's IR without its policies (`build` adds them)."""
     where = f"route {route.route_id or '<empty>'}"
     for name in ("route_id", "tenant_id", "api_id"):
         if not getattr(route, name).strip():
             raise _invalid(f"{where}: {name} is empty")
-    prefix = _path_prefix(route.path_prefix or f"/apis/{route.api_id}", where)
-    methods = tuple(sorted(set(route.methods)))
-    for method in methods:
-        if not _METHOD.match(method):
-            raise _invalid(f"{where}: method {method!r} is not an upper-case HTTP method")
+    try:
+        prefix = fields.path(route.path_prefix or f"/apis/{route.api_id}")
+    except ValueError as exc:
+        raise _invalid(f"{where}: path_prefix {route.path_prefix!r} {exc}") from None
+    try:
+        methods = tuple(sorted(fields.methods(route.methods)))
+    except ValueError as exc:
+        raise _invalid(f"{where}: methods: {exc}") from None
     backend, base_path = _upstream(route.upstream_url, where, backends)
-    auth_mode = route.auth_mode or DEFAULT_AUTH_MODE
-    if auth_mode not in AUTH_MODES:
-        raise _invalid(f"{where}: auth_mode {auth_mode!r} is not one of {', '.join(AUTH_MODES)}")
-    scopes = tuple(route.scopes)
-    if any(not scope.strip() for scope in scopes):
-        raise _invalid(f"{where}: blank scope")
+    try:
+        auth_mode = fields.auth_mode(route.auth_mode or DEFAULT_AUTH_MODE)
+        scopes = tuple(fields.scopes(route.scopes))
+    except ValueError as exc:
+        raise _invalid(f"{where}: {exc}") from None
     return RouteIR(
         route_id=route.route_id,
         tenant_id=route.tenant_id,
@@ -178,57 +168,19 @@ def _route(route: inventory_pb2.Route, backends: dict[str, tuple[Backend, str]])
     )
 
 
-def _path_prefix(raw: str, where: str) -> str:
-    prefix = raw.rstrip("/")
-    if not prefix:
-        return "/"
-    if not _PATH.match(prefix) or any(seg in (".", "..") for seg in prefix.split("/")):
-        raise _invalid(f"{where}: path_prefix {raw!r} is not a normalised absolute path")
-    return prefix
-
-
-def _upstream(url: str, where: str, backends: dict[str, tuple[Backend, str]]) -> tuple[Backend, str]:
+def _upstream(url: str, where: str, backends: dict[str, tuple[Backend, str] | str]) -> tuple[Backend, str]:
+    """(backend, base path) of `url`, parsed once per build (routes mostly share a few upstreams)."""
     known = backends.get(url)
-    if known is not None:
-        return known
-    try:
-        backends[url] = _backend(url)
-    except ValueError:
-        raise _invalid(f"{where}: upstream_url {url!r} is not http(s)://host[:port][/path]") from None
-    return backends[url]
-
-
-def _backend(url: str) -> tuple[Backend, str]:
-    """(backend, base path) of an upstream URL; ValueError if it is not http(s)://host[:port][/path]."""
-    bad = ValueError(url)
-    parts = urlsplit(url)
-    port = parts.port
-    # Port 0 is no port: without this check `port or default_port` would quietly dial 80/443.
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
-        raise bad
-    if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
-        raise bad
-    if "?" in url or "#" in url:
-        raise bad
-    host = parts.hostname
-    address = None
-    if _IP_LIKE.search(host):  # skip the costly parse for plain host names (10,000 routes)
+    if known is None:
         try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
-            raise bad from None
-    if address is None:
-        if "[" in parts.netloc or not all(_HOST_LABEL.match(label) for label in host.split(".")):
-            raise bad
-        host = host.lower()
-    else:
-        host = str(address)
-    base = parts.path.rstrip("/")
-    if base and (not _PATH.match(base) or any(seg in (".", "..") for seg in base.split("/"))):
-        raise bad
-    default_port = 443 if parts.scheme == "https" else 80
-    backend = Backend(parts.scheme, host, port or default_port, address is not None)
-    return backend, base or "/"
+            upstream = fields.upstream_url(url)
+            known = Backend(upstream.scheme, upstream.host, upstream.port, upstream.is_ip), upstream.base_path
+        except ValueError as exc:
+            known = f"{where}: upstream_url {url!r} {exc}"
+        backends[url] = known
+    if isinstance(known, str):
+        raise _invalid(known)
+    return known
 
 
 def _resolve_policies(inventory: inventory_pb2.Inventory) -> dict[str, dict[str, Any]]:
@@ -251,7 +203,13 @@ def _resolve_policies(inventory: inventory_pb2.Inventory) -> dict[str, dict[str,
     by_route: dict[str, dict[str, Any]] = {}
     owner: dict[tuple[str, str], str] = {}
     for policy in ordered:
-        parsed = KINDS[policy.type].parse(policy.policy_id, json_format.MessageToDict(policy.config))
+        # The typed config is the member named like the kind; anything else is not this kind's config.
+        if policy.WhichOneof("config") != policy.type:
+            raise _invalid(f"policy {policy.policy_id}: type {policy.type} without its {policy.type} config")
+        try:
+            parsed = KINDS[policy.type].parse(policy.policy_id, getattr(policy, policy.type))
+        except ConfigError as exc:
+            raise _invalid(f"policy {policy.policy_id}: {exc}") from None
         for route_id in sorted(set(policy.applicable) & present):
             first = owner.setdefault((route_id, policy.type), policy.policy_id)
             if first != policy.policy_id:

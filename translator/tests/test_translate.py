@@ -40,7 +40,9 @@ def inventory(
 
 
 def policy(pid: str, kind: str, config: dict[str, object], applicable: list[str]) -> dict[str, object]:
-    return {"policy_id": pid, "type": kind, "config": config, "scope": "api", "applicable": applicable}
+    # A kind this contract does not know travels without a config member (there is none to set).
+    typed = {kind: config} if config else {}
+    return {"policy_id": pid, "type": kind, **typed, "scope": "api", "applicable": applicable}
 
 
 def entries(snapshot: Snapshot) -> list:
@@ -320,7 +322,7 @@ INVALID = {
     "path prefix with a query": route("x", path_prefix="/apis/x?y"),
     "path prefix with dot segment": route("x", path_prefix="/apis/../x"),
     "relative path prefix": route("x", path_prefix="apis/x"),
-    "lower-case method": route("x", methods=["get"]),
+    "unknown method": route("x", methods=["FETCH"]),
     "url with credentials": route("x", "http://user:pw@h:1"),
     "url with query": route("x", "http://h:1/a?b=c"),
     "url without host": route("x", "http:///a"),

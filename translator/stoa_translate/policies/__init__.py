@@ -1,16 +1,52 @@
 """The policy kinds the translator supports: one module each, registered in this one table.
 
 Adding a kind is its module (parse → IR → listener filter → per-route config), its line here, its
-position in `stoa_translate.filters.HTTP_FILTER_ORDER` when it brings a new filter, its proto message
-and its CP schema; the translator itself never names a kind.
+position in `stoa_translate.filters.HTTP_FILTER_ORDER` when it brings a new filter, and its message in
+`Policy.config` (proto/); the translator and the CP never name a kind.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from google.protobuf import message
+
 from stoa_translate.policies import cors, ip_filter, rate_limit
-from stoa_translate.policies.kind import PolicyKind
+from stoa_translate.policies.kind import ConfigError, PolicyKind, config_json, read_config
 
 KINDS: dict[str, PolicyKind] = {kind.name: kind for kind in (cors.KIND, rate_limit.KIND, ip_filter.KIND)}
 SUPPORTED_KINDS: tuple[str, ...] = tuple(KINDS)
 
-__all__ = ["KINDS", "SUPPORTED_KINDS", "PolicyKind"]
+
+class UnsupportedKind(ValueError):
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"{kind!r} is not a supported policy type (supported: {', '.join(SUPPORTED_KINDS)})")
+
+
+def accept(kind_name: str, policy_id: str, config: object) -> message.Message:
+    """A policy config as written to the CP → its typed config in normal form (`get` → `GET`).
+
+    The write-time face of the rules the translator applies at the site: raises UnsupportedKind or
+    ConfigError (naming the key), so what is accepted here is what the site accepts.
+    """
+    kind = KINDS.get(kind_name)
+    if kind is None:
+        raise UnsupportedKind(kind_name)
+    return kind.normalised(kind.parse(policy_id, read_config(kind, config)))
+
+
+def accept_json(kind_name: str, policy_id: str, config: object) -> dict[str, Any]:
+    """`accept`, as the JSON object the API stores and shows."""
+    return config_json(accept(kind_name, policy_id, config))
+
+
+__all__ = [
+    "KINDS",
+    "SUPPORTED_KINDS",
+    "ConfigError",
+    "PolicyKind",
+    "UnsupportedKind",
+    "accept",
+    "accept_json",
+    "read_config",
+]

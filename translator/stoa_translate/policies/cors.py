@@ -7,19 +7,21 @@ answered by Envoy; a preflight from an origin the policy does not allow goes on 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from google.protobuf import message, wrappers_pb2
+from stoa_proto import inventory_pb2
 
+from stoa_translate import fields
 from stoa_translate.filters import CORS_FILTER
-from stoa_translate.policies.kind import ConfigReader, PolicyKind
+from stoa_translate.policies.kind import ConfigError, PolicyKind
 
-_METHOD = re.compile(r"^[A-Z]+$")
-_WILDCARD_ORIGIN = re.compile(r"^(https?)://\*\.([A-Za-z0-9.-]+)(:\d{1,5})?$")
+_EXACT_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:\d{1,5})?$|^https?://\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
+# Any subdomain of a domain of at least two labels, at any depth.
+_WILDCARD_ORIGIN = re.compile(r"^https?://\*(\.[A-Za-z0-9-]+){2,}(:\d{1,5})?$")
+_HEADER = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 
 
 @dataclass(frozen=True)
@@ -33,30 +35,50 @@ class Cors:
     allow_credentials: bool
 
 
-def parse(policy_id: str, config: Mapping[str, Any]) -> Cors:
-    c = ConfigReader(
-        policy_id,
-        config,
-        ("allowedOrigins", "allowedMethods", "allowedHeaders", "exposeHeaders", "maxAge", "allowCredentials"),
-    )
-    origins = c.strings("allowedOrigins", required=True)
-    for origin in origins:
-        if origin != "*" and "*" in origin and not _WILDCARD_ORIGIN.match(origin):
-            raise c.invalid("allowedOrigins", f"entry {origin!r} is not an origin, '*' or scheme://*.domain")
-    methods = c.strings("allowedMethods")
-    if not all(_METHOD.match(m) for m in methods):
-        raise c.invalid("allowedMethods", "must hold upper-case HTTP methods")
-    credentials = c.boolean("allowCredentials")
-    if credentials and "*" in origins:
-        raise c.invalid("allowCredentials", "cannot be true with the '*' origin")
+def parse(policy_id: str, config: inventory_pb2.CorsPolicy) -> Cors:
+    if not config.allowed_origins:
+        raise ConfigError("allowedOrigins", "must hold at least one origin")
+    for i, origin in enumerate(config.allowed_origins):
+        if not (origin == "*" or _EXACT_ORIGIN.match(origin) or _WILDCARD_ORIGIN.match(origin)):
+            raise ConfigError(
+                f"allowedOrigins[{i}]",
+                "must be '*', an exact origin (https://app.example.com[:port]) "
+                "or a subdomain wildcard (https://*.example.com)",
+            )
+    methods = []
+    for i, method in enumerate(config.allowed_methods):
+        try:
+            methods.append(fields.method(method))
+        except ValueError as exc:
+            raise ConfigError(f"allowedMethods[{i}]", str(exc)) from None
+    for key, headers in (
+        ("allowedHeaders", config.allowed_headers),
+        ("exposeHeaders", config.expose_headers),
+    ):
+        for i, header in enumerate(headers):
+            if not _HEADER.match(header):
+                raise ConfigError(f"{key}[{i}]", "must be an HTTP header name")
+    if config.allow_credentials and "*" in config.allowed_origins:
+        raise ConfigError("allowCredentials", "cannot be true when allowedOrigins contains '*'")
     return Cors(
         policy_id=policy_id,
-        allowed_origins=origins,
-        allowed_methods=methods,
-        allowed_headers=c.strings("allowedHeaders"),
-        expose_headers=c.strings("exposeHeaders"),
-        max_age=c.optional_integer("maxAge", minimum=0),
-        allow_credentials=credentials,
+        allowed_origins=tuple(dict.fromkeys(config.allowed_origins)),
+        allowed_methods=tuple(dict.fromkeys(methods)),
+        allowed_headers=tuple(dict.fromkeys(config.allowed_headers)),
+        expose_headers=tuple(dict.fromkeys(config.expose_headers)),
+        max_age=config.max_age if config.HasField("max_age") else None,
+        allow_credentials=config.allow_credentials,
+    )
+
+
+def normalised(cors: Cors) -> inventory_pb2.CorsPolicy:
+    return inventory_pb2.CorsPolicy(
+        allowed_origins=cors.allowed_origins,
+        allowed_methods=cors.allowed_methods,
+        allowed_headers=cors.allowed_headers,
+        expose_headers=cors.expose_headers,
+        max_age=cors.max_age,
+        allow_credentials=cors.allow_credentials,
     )
 
 
@@ -97,4 +119,13 @@ def route_config(route_id: str, cors: Cors) -> cors_pb2.CorsPolicy:
 
 
 # OPTIONS is matched on a method-constrained route only while a cors policy applies, for the preflight.
-KIND = PolicyKind("cors", CORS_FILTER, parse, listener_filter, route_config, extra_methods=("OPTIONS",))
+KIND = PolicyKind(
+    "cors",
+    CORS_FILTER,
+    inventory_pb2.CorsPolicy,
+    parse,
+    normalised,
+    listener_filter,
+    route_config,
+    extra_methods=("OPTIONS",),
+)

@@ -1,22 +1,37 @@
-"""What every policy kind answers, and the typed reads of a policy's config its `parse` uses."""
+"""What every policy kind answers, and how a policy's JSON config becomes its typed message."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf import message
+from google.protobuf import json_format, message
+from google.protobuf.descriptor import FieldDescriptor
 
-from stoa_translate.refusal import Refusal, invalid
+MAX_UINT32 = 2**32 - 1
+# Bounds on what one config may hold: each list, each text entry.
+MAX_ENTRIES = 256
+MAX_TEXT = 256
+
+
+class ConfigError(ValueError):
+    """A config the rules refuse; `field` is the key in the API's (and proto3 JSON's) terms, with an
+    index where one entry is at fault (`allowedOrigins[2]`), empty for the config as a whole."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"config.{field} {message}" if field else f"config {message}")
+        self.field = field
+        self.message = message
 
 
 @dataclass(frozen=True)
 class PolicyKind:
-    """One policy kind: the hooks the translator calls, never naming the kind itself.
+    """One policy kind: the hooks the translator and the CP call, neither naming the kind itself.
 
-    - `parse`: (policy id, config) → the kind's IR, frozen and hashable; raises `Refusal`;
+    - `message`: its typed contract (the member of `Policy.config` named like the kind);
+    - `parse`: (policy id, typed config) → the kind's IR, frozen and hashable; raises ConfigError;
+    - `normalised`: IR → the typed config in its normal form (what the CP stores and serves);
     - `listener_filter`: the HTTP filter it needs on the listener (once, whatever the number of
       routes using it), inert until a route's per-route config switches it on;
     - `route_config`: (route id, IR) → the typed_per_filter_config it puts on that route's entries;
@@ -25,54 +40,67 @@ class PolicyKind:
 
     name: str
     filter_name: str
-    parse: Callable[[str, Mapping[str, Any]], Any]
+    message: type[message.Message]
+    parse: Callable[[str, Any], Any]
+    normalised: Callable[[Any], message.Message]
     listener_filter: Callable[[], message.Message]
     route_config: Callable[[str, Any], message.Message]
     extra_methods: tuple[str, ...] = ()
 
 
-MAX_UINT32 = 2**32 - 1
+def read_config(kind: PolicyKind, config: object) -> message.Message:
+    """A JSON config (API keys, which are the message's JSON names) as the kind's typed message.
+
+    Strict about JSON types (a number is not a string, a boolean is not a number), unknown keys
+    refused by name; a null is the key left out.
+    """
+    if not isinstance(config, Mapping):
+        raise ConfigError("", "must be a JSON object")
+    by_key = {f.json_name: f for f in kind.message.DESCRIPTOR.fields}
+    typed = kind.message()
+    for key, value in config.items():
+        field = by_key.get(key)
+        if field is None:
+            raise ConfigError(key, f"is not a key of a {kind.name} config (keys: {', '.join(by_key)})")
+        if value is None:
+            continue
+        if field.is_repeated:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(key, "must be a list of strings")
+            if len(value) > MAX_ENTRIES:
+                raise ConfigError(key, f"must hold at most {MAX_ENTRIES} entries")
+            for i, entry in enumerate(value):
+                _text(f"{key}[{i}]", entry)
+            getattr(typed, field.name).extend(value)
+        else:
+            setattr(typed, field.name, _scalar(key, field, value))
+    return typed
 
 
-class ConfigReader:
-    """Typed reads of one policy's config, refusing anything unexpected with the key named."""
+def _text(key: str, value: str) -> str:
+    if len(value) > MAX_TEXT:
+        raise ConfigError(key, f"must be at most {MAX_TEXT} characters")
+    if not value.isprintable():
+        raise ConfigError(key, "must not contain control characters")
+    return value
 
-    def __init__(self, policy_id: str, config: Mapping[str, Any], keys: tuple[str, ...]) -> None:
-        self.policy_id = policy_id
-        self.config = config
-        unknown = sorted(set(config) - set(keys))
-        if unknown:
-            raise self.invalid(unknown[0], "is not a known key")
 
-    def invalid(self, key: str, what: str) -> Refusal:
-        return invalid(f"policy {self.policy_id}: config.{key} {what}")
-
-    def strings(self, key: str, *, required: bool = False) -> tuple[str, ...]:
-        value = self.config.get(key, [])
-        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-            raise self.invalid(key, "must be a list of non-empty strings")
-        if required and not value:
-            raise self.invalid(key, "must not be empty")
-        return tuple(value)
-
-    def integer(self, key: str, *, minimum: int) -> int:
-        value = self.config.get(key)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value != int(value)
-            or value < minimum
-            or value > MAX_UINT32
-        ):
-            raise self.invalid(key, f"must be a whole number of at least {minimum}")
-        return int(value)
-
-    def optional_integer(self, key: str, *, minimum: int) -> int | None:
-        return None if self.config.get(key) is None else self.integer(key, minimum=minimum)
-
-    def boolean(self, key: str) -> bool:
-        value = self.config.get(key, False)
+def _scalar(key: str, field: FieldDescriptor, value: object) -> Any:
+    if field.type == FieldDescriptor.TYPE_STRING:
+        if not isinstance(value, str):
+            raise ConfigError(key, "must be a string")
+        return _text(key, value)
+    if field.type == FieldDescriptor.TYPE_BOOL:
         if not isinstance(value, bool):
-            raise self.invalid(key, "must be true or false")
+            raise ConfigError(key, "must be true or false")
         return value
+    if field.type == FieldDescriptor.TYPE_UINT32:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_UINT32:
+            raise ConfigError(key, f"must be a whole number from 0 to {MAX_UINT32}")
+        return value
+    raise ConfigError(key, "has a type no policy config uses")  # a contract edit without a rule here
+
+
+def config_json(typed: message.Message) -> dict[str, Any]:
+    """The typed config as the API shows it (JSON names, defaults left out)."""
+    return json_format.MessageToDict(typed)

@@ -3,18 +3,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.extensions.filters.http.local_ratelimit.v3 import local_rate_limit_pb2
 from envoy.type.v3 import percent_pb2, token_bucket_pb2
 from google.protobuf import duration_pb2, message, wrappers_pb2
+from stoa_proto import inventory_pb2
 
 from stoa_translate.filters import RATE_LIMIT_FILTER
-from stoa_translate.policies.kind import ConfigReader, PolicyKind
+from stoa_translate.policies.kind import ConfigError, PolicyKind
 
 _ALL = base_pb2.RuntimeFractionalPercent(
     default_value=percent_pb2.FractionalPercent(
@@ -30,9 +29,18 @@ class RateLimit:
     interval_seconds: int
 
 
-def parse(policy_id: str, config: Mapping[str, Any]) -> RateLimit:
-    c = ConfigReader(policy_id, config, ("maxRequests", "intervalSeconds"))
-    return RateLimit(policy_id, c.integer("maxRequests", minimum=1), c.integer("intervalSeconds", minimum=1))
+def parse(policy_id: str, config: inventory_pb2.RateLimitPolicy) -> RateLimit:
+    if config.max_requests < 1:
+        raise ConfigError("maxRequests", "is required: a whole number of at least 1")
+    if config.interval_seconds < 1:
+        raise ConfigError("intervalSeconds", "is required: a whole number of at least 1")
+    return RateLimit(policy_id, config.max_requests, config.interval_seconds)
+
+
+def normalised(limit: RateLimit) -> inventory_pb2.RateLimitPolicy:
+    return inventory_pb2.RateLimitPolicy(
+        max_requests=limit.max_requests, interval_seconds=limit.interval_seconds
+    )
 
 
 def listener_filter() -> message.Message:
@@ -62,4 +70,12 @@ def route_config(route_id: str, limit: RateLimit) -> local_rate_limit_pb2.LocalR
     )
 
 
-KIND = PolicyKind("rate_limit", RATE_LIMIT_FILTER, parse, listener_filter, route_config)
+KIND = PolicyKind(
+    "rate_limit",
+    RATE_LIMIT_FILTER,
+    inventory_pb2.RateLimitPolicy,
+    parse,
+    normalised,
+    listener_filter,
+    route_config,
+)
