@@ -18,7 +18,7 @@ import threading
 from typing import Any
 
 from google.protobuf import json_format
-from stoa_proto import inventory_pb2
+from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
 
 from stoa_harness.asgi_thread import Receive, Scope, Send, ThreadedASGIServer, read_body
 from stoa_harness.lifecycle import Lifecycle
@@ -28,7 +28,10 @@ KEEP_ALIVE_S = 5.0
 
 
 def inventory_json(inventory: inventory_pb2.Inventory) -> str:
-    return json.dumps(json_format.MessageToDict(inventory, preserving_proto_field_name=True))
+    """As the CP writes it: proto3 JSON, with the CP's schema version unless the test set another."""
+    doc = json_format.MessageToDict(inventory, preserving_proto_field_name=True)
+    doc.setdefault("schema_version", INVENTORY_SCHEMA_VERSION)
+    return json.dumps(doc)
 
 
 class ScriptedCP(Lifecycle):

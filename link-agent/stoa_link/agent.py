@@ -20,7 +20,7 @@ from stoa_translate.snapshot import Snapshot
 
 from stoa_link import guard
 from stoa_link.ads import AdsServer, elapsed_ms
-from stoa_link.cp_client import CpClient, Delivery, InvalidInventory
+from stoa_link.cp_client import CpClient, Delivery, InvalidInventory, schema_refusal
 from stoa_link.metrics import PublicationStats
 from stoa_link.reporter import Reporter
 
@@ -41,8 +41,17 @@ class InventoryStore:
     def load(self) -> inventory_pb2.Inventory | None:
         if not self.path.exists():
             return None
+        text = self.path.read_text()
+        refused = schema_refusal(text, 0)
+        if refused is not None:
+            # Written by a Link of another inventory schema (an upgrade): start as a fresh Link would.
+            log.warning(
+                "stored_inventory_ignored",
+                extra={"fields": {"path": str(self.path), "detail": refused.detail}},
+            )
+            return None
         try:
-            return json_format.Parse(self.path.read_text(), inventory_pb2.Inventory())
+            return json_format.Parse(text, inventory_pb2.Inventory())
         except json_format.ParseError as exc:
             raise ValueError(
                 f"{self.path} is not a valid inventory ({exc}); move it away to start afresh"

@@ -21,7 +21,8 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from httpx_sse import aconnect_sse
-from stoa_proto import inventory_pb2
+from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
+from stoa_translate.policies import KINDS
 
 log = logging.getLogger("stoa_link.cp_client")
 
@@ -81,6 +82,10 @@ _ELEMENTS: dict[str, tuple[type[Message], dict[str, str]]] = {
     "tombstones": (inventory_pb2.Tombstone, _field_kinds(inventory_pb2.Tombstone)),
 }
 _INT64 = re.compile(r"-?[0-9]{1,19}")
+# Top-level members read before parsing (the CP writes both near the start of the document; a member
+# of that name nested deeper does not exist in the contract).
+_SCHEMA_VERSION = re.compile(r'"(?:schema_version|schemaVersion)"\s*:\s*"?([0-9]{1,9})"?')
+_GENERATION = re.compile(r'"generation"\s*:\s*"?([0-9]{1,18})"?')
 _NOT_PLAIN = object()
 
 
@@ -163,7 +168,28 @@ def _parse_reusing(text: str) -> inventory_pb2.Inventory:
     return inventory_pb2.Inventory.FromString(b"".join(parts))
 
 
+def schema_refusal(text: str, generation_hint: int) -> InvalidInventory | None:
+    """A refusal naming the document's schema when it is not the one this Link reads, else None.
+
+    Looked up before any parse: a document of another schema may not parse at all, and the operator
+    must read "schema" rather than a field-level parse error."""
+    match = _SCHEMA_VERSION.search(text)
+    version = int(match.group(1)) if match else 0
+    if version == INVENTORY_SCHEMA_VERSION:
+        return None
+    generation = _GENERATION.search(text)
+    return InvalidInventory(
+        int(generation.group(1)) if generation else generation_hint,
+        f"inventory schema_version {version or 'absent (schema 1)'} is not a schema this Link reads "
+        f"(it reads {INVENTORY_SCHEMA_VERSION}): upgrade the Link or run a CP that writes schema "
+        f"{INVENTORY_SCHEMA_VERSION}",
+    )
+
+
 def parse_inventory(text: str, generation_hint: int = 0) -> Delivery:
+    refused = schema_refusal(text, generation_hint)
+    if refused is not None:
+        return refused
     try:
         return _parse_reusing(text)
     except Exception as exc:  # the whole-document parse below gives the verdict and its message
@@ -171,7 +197,25 @@ def parse_inventory(text: str, generation_hint: int = 0) -> Delivery:
     try:
         return json_format.Parse(text, inventory_pb2.Inventory())
     except json_format.ParseError as exc:
+        unknown_kind = _with_unknown_kind(text)
+        if unknown_kind is not None:
+            return unknown_kind
         return InvalidInventory(generation_hint, f"inventory is not valid proto3 JSON: {exc}")
+
+
+def _with_unknown_kind(text: str) -> inventory_pb2.Inventory | None:
+    """The inventory, read past what this Link does not know, when it holds a policy of a kind this
+    Link does not know (a newer CP's: its config member is unknown here); else None.
+
+    The translator refuses every such inventory (UNSUPPORTED_POLICY, with the policy named), so what
+    was skipped is never published: it only makes the refusal name the policy instead of a field."""
+    try:
+        lenient = json_format.Parse(text, inventory_pb2.Inventory(), ignore_unknown_fields=True)
+    except json_format.ParseError:
+        return None
+    if any(p.type not in KINDS and p.WhichOneof("config") is None for p in lenient.policies):
+        return lenient
+    return None
 
 
 def _received(text: str, generation_hint: int, source: str) -> Delivery:

@@ -14,7 +14,7 @@ from stoa_link.agent import Agent, InventoryStore
 from stoa_link.cp_client import Backoff, InvalidInventory
 from stoa_link.guard import Refusal
 from stoa_link.reporter import Reporter
-from stoa_proto import inventory_pb2
+from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
 from stoa_translate.snapshot import CLUSTER, Snapshot
 
 FR = inventory_pb2.FailureReason
@@ -49,7 +49,9 @@ def translate(inventory: inventory_pb2.Inventory) -> Snapshot:
 
 
 def inventory(generation: int, *routes: str, gateway: str = "gw") -> inventory_pb2.Inventory:
-    inv = inventory_pb2.Inventory(gateway_id=gateway, generation=generation)
+    inv = inventory_pb2.Inventory(
+        schema_version=INVENTORY_SCHEMA_VERSION, gateway_id=gateway, generation=generation
+    )
     for route in routes:
         inv.routes.add(route_id=route, api_id=route, tenant_id="t", upstream_url="http://127.0.0.1:1")
     return inv
@@ -200,3 +202,12 @@ def test_failure_detail_is_made_storable() -> None:
     assert storable_detail("bad\x00regex\ud800: (") == "bad regex : ("
     assert storable_detail("line one\nline two\ttab") == "line one\nline two\ttab"
     assert len(storable_detail("x" * 10_000)) == MAX_DETAIL_CHARS
+
+
+def test_a_stored_inventory_of_another_schema_is_ignored_at_start(tmp_path: Path) -> None:
+    # What a Link from before typed policy configs persisted: no schema_version, an untyped config.
+    (tmp_path / "last-applied-inventory.json").write_text(
+        '{"gateway_id": "gw", "generation": "3", "policies": [{"policy_id": "c", "type": "cors",'
+        ' "config": {"allowedOrigins": ["*"]}}]}'
+    )
+    assert InventoryStore(tmp_path).load() is None

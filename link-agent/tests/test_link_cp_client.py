@@ -8,11 +8,15 @@ import httpx
 import pytest
 from google.protobuf import json_format
 from stoa_link.cp_client import Backoff, CpClient, InvalidInventory, parse_inventory
-from stoa_proto import inventory_pb2
+from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
+from stoa_translate import TranslateOptions, translate
+from stoa_translate.refusal import FailureReason, Refusal
 
 
 def inventory_json(generation: int) -> str:
-    inv = inventory_pb2.Inventory(gateway_id="gw", generation=generation)
+    inv = inventory_pb2.Inventory(
+        schema_version=INVENTORY_SCHEMA_VERSION, gateway_id="gw", generation=generation
+    )
     return json_format.MessageToJson(inv, preserving_proto_field_name=True, indent=None)
 
 
@@ -85,7 +89,7 @@ async def test_an_event_that_is_not_an_inventory_is_delivered_as_invalid() -> No
         return httpx.Response(
             200,
             headers={"content-type": "text/event-stream"},
-            content=sse(5, data='{"generation": "5", "routes": "nope"}'),
+            content=sse(5, data='{"schema_version": 2, "generation": "5", "routes": "nope"}'),
         )
 
     client = CpClient("http://cp", "gw", "secret", transport=httpx.MockTransport(handler), backoff=fast())
@@ -134,7 +138,13 @@ def _route(route_id: str, **fields: object) -> dict[str, object]:
 def test_parse_equals_json_format_however_the_document_is_written(routes: list) -> None:
     tombstones = [{"route_id": "x", "generation": "9007199254740993"}, {"route_id": "y", "generation": 3}]
     for generation in (1, 2):  # the second parse reuses what the first one parsed
-        doc = {"gateway_id": "gw", "generation": str(generation), "routes": routes, "tombstones": tombstones}
+        doc = {
+            "schema_version": 2,
+            "gateway_id": "gw",
+            "generation": str(generation),
+            "routes": routes,
+            "tombstones": tombstones,
+        }
         text = json.dumps(doc)
         assert parse_inventory(text) == json_format.Parse(text, inventory_pb2.Inventory())
 
@@ -151,8 +161,48 @@ def test_parse_equals_json_format_however_the_document_is_written(routes: list) 
     ids=["negative", "too-large", "not-a-list", "unknown-field", "number-for-string"],
 )
 def test_a_route_json_format_refuses_is_refused(route: dict) -> None:
-    text = json.dumps({"gateway_id": "gw", "generation": "5", "routes": [_route("ok"), route]})
+    text = json.dumps(
+        {"schema_version": 2, "gateway_id": "gw", "generation": "5", "routes": [_route("ok"), route]}
+    )
     delivery = parse_inventory(text, generation_hint=5)
     assert isinstance(delivery, InvalidInventory)
     assert delivery.generation == 5
     assert "not valid proto3 JSON" in delivery.detail
+
+
+@pytest.mark.parametrize(
+    ("document", "named"),
+    [
+        # What a CP from before typed policy configs writes: no schema_version, an untyped config.
+        (
+            '{"gateway_id": "gw", "generation": "4", "policies": [{"policy_id": "c", "type": "cors",'
+            ' "config": {"allowedOrigins": ["*"]}}]}',
+            "inventory schema_version absent (schema 1) is not a schema this Link reads (it reads 2)",
+        ),
+        ('{"schema_version": 3, "gateway_id": "gw", "generation": "4"}', "schema_version 3 is not a schema"),
+    ],
+)
+def test_an_inventory_of_another_schema_is_refused_saying_so(document: str, named: str) -> None:
+    delivery = parse_inventory(document)
+    assert isinstance(delivery, InvalidInventory)
+    assert delivery.generation == 4
+    assert named in delivery.detail
+
+
+def test_a_policy_of_a_kind_this_link_does_not_know_reaches_the_translator_named() -> None:
+    # A newer CP's kind has a type and no member this Link knows of: the translator refuses it by name.
+    document = json.dumps(
+        {
+            "schema_version": INVENTORY_SCHEMA_VERSION,
+            "gateway_id": "gw",
+            "generation": "5",
+            "policies": [{"policy_id": "p1", "type": "oidc", "oidc": {"issuer": "x"}, "applicable": []}],
+        }
+    )
+    delivery = parse_inventory(document)
+    assert isinstance(delivery, inventory_pb2.Inventory)
+    assert delivery.policies[0].type == "oidc"
+    with pytest.raises(Refusal) as caught:
+        translate(delivery, TranslateOptions())
+    assert caught.value.reason == FailureReason.UNSUPPORTED_POLICY
+    assert caught.value.detail == "policy p1: type oidc is not supported"
