@@ -15,6 +15,7 @@ from stoa_cp.events import InventoryEvents
 from stoa_cp.routers import apis, gateways, health, issuers, link, policies, tenants
 from stoa_cp.schemas import unstorable
 from stoa_cp.settings import Settings
+from stoa_cp.store import policies as policy_store
 from stoa_cp.store.database import Database
 from stoa_cp.store.inventory import InventoryCache
 
@@ -37,6 +38,9 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.db = await Database.open(
             settings.database_url, settings.pool_min_size, settings.pool_max_size
         )
+        # Policies stored before typed configs are re-read by the translator's rules (migration 0004).
+        async with app.state.db.transaction() as conn:
+            await policy_store.adopt_typed_configs(conn)
         app.state.events = InventoryEvents(settings.database_url)
         refresher: asyncio.Task[None] | None = None
         try:

@@ -230,6 +230,11 @@ class LastReport(BaseModel):
     detail: str
 
 
+class InvalidPolicy(BaseModel):
+    policy_id: str
+    reason: str
+
+
 class GatewayStatus(BaseModel):
     gateway_id: str
     desired_generation: int
@@ -237,6 +242,9 @@ class GatewayStatus(BaseModel):
     snapshot_version: str
     state: Literal["PENDING", "SYNCED", "FAILED"]
     last_report: LastReport | None
+    invalid_policies: list[InvalidPolicy] = Field(
+        default=[], description="Policies that would reach this gateway but are left out: invalid"
+    )
 
 
 # -- policies -----------------------------------------------------------------------------------
@@ -276,6 +284,11 @@ class PolicyOut(BaseModel):
     targets: list[str]
     tenant_id: str | None
     gateway_id: str | None
+    invalid_reason: str | None = Field(
+        default=None,
+        description="Set when a policy stored before the current rules is refused by them: it is kept,"
+        " left out of every inventory, and a PUT with a valid config clears it",
+    )
 
 
 # -- issuers ------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Policies: config validation of the supported types, storage of the others, attribution
+"""Policies: config validation and normal form of the supported types, refusal of the others, attribution
 (`applicable`) per scope, and which gateways a policy change bumps."""
 
 from __future__ import annotations
@@ -35,10 +35,18 @@ BAD_CONFIGS = [
     ("rate_limit", {"maxRequests": 2**32, "intervalSeconds": 1}, "config.maxRequests"),
     ("rate_limit", {"maxRequests": 5, "intervalSeconds": 2**32}, "config.intervalSeconds"),
     ("cors", {"allowedOrigins": ["*"], "maxAge": 2**32}, "config.maxAge"),
-    # What the store or the inventory (protobuf Struct, doubles) cannot carry as given.
-    ("logging", {"field": "a\u0000b"}, "config"),
-    ("transform", {"deep": [{"n": 10**400}]}, "config"),
-    ("caching", {"ttl": 2**60}, "config"),
+    # What the store cannot carry as given.
+    ("cors", {"allowedOrigins": ["https://a.example"], "allowedHeaders": ["a\u0000b"]}, "config"),
+    ("rate_limit", {"maxRequests": 10**400, "intervalSeconds": 1}, "config"),
+    # What a site would refuse is refused at the write, named.
+    ("cors", {"allowedOrigins": "https://a.example"}, "config.allowedOrigins"),
+    (
+        "cors",
+        {"allowedOrigins": ["https://a.example"], "allowedMethods": ["GET", 7]},
+        "config.allowedMethods",
+    ),
+    ("rate_limit", {"maxRequests": "5", "intervalSeconds": 1}, "config.maxRequests"),
+    ("rate_limit", {"maxRequests": True, "intervalSeconds": 1}, "config.maxRequests"),
 ]
 
 
@@ -61,32 +69,65 @@ async def test_bad_config_is_422_naming_the_field_and_changes_nothing(
 
 
 @pytest.mark.parametrize(
-    ("policy_type", "config"),
+    ("policy_type", "config", "stored"),
     [
-        ("cors", CORS),
-        ("rate_limit", {"maxRequests": 10, "intervalSeconds": 60}),
-        ("ip_filter", {"mode": "allow", "ip_list": ["127.0.0.1", "10.0.0.0/8", "2001:db8::/32", "::1"]}),
-        ("jwt_validation", {"issuer": "x"}),
-        ("logging", {}),
-        ("caching", {"ttl": 5}),
-        ("transform", {"a": [1]}),
-        ("oidc", {}),
-        ("something_new", {"k": "v"}),
+        ("cors", CORS, CORS),
+        # The normal form is stored (and published): upper-case methods, duplicates dropped.
+        (
+            "cors",
+            {
+                "allowedOrigins": ["https://a.example"],
+                "allowedMethods": ["get", "Post", "GET"],
+                "maxAge": None,
+            },
+            {"allowedOrigins": ["https://a.example"], "allowedMethods": ["GET", "POST"]},
+        ),
+        (
+            "rate_limit",
+            {"maxRequests": 10, "intervalSeconds": 60},
+            {"maxRequests": 10, "intervalSeconds": 60},
+        ),
+        (
+            "ip_filter",
+            {"mode": "allow", "ip_list": ["127.0.0.1", "10.0.0.0/8", "2001:DB8::/32", "::1/128"]},
+            {"mode": "allow", "ip_list": ["127.0.0.1", "10.0.0.0/8", "2001:db8::/32", "::1"]},
+        ),
     ],
 )
-async def test_supported_and_other_types_are_stored_as_given(api, policy_type, config) -> None:
+async def test_supported_types_are_stored_in_normal_form(api, policy_type, config, stored) -> None:
     tenant_id = await api.tenant()
     policy_id = api.uid("p")
     body = {"policy_id": policy_id, "type": policy_type, "config": config, "scope": "tenant"}
     created = await api.admin.post(f"/v1/tenants/{tenant_id}/policies", json=body)
     assert created.status_code == 201, created.text
+    assert created.json()["config"] == stored
     got = (await api.admin.get(f"/v1/tenants/{tenant_id}/policies/{policy_id}")).json()
-    assert (got["type"], got["config"], got["scope"], got["tenant_id"]) == (
+    assert (got["type"], got["config"], got["scope"], got["tenant_id"], got["invalid_reason"]) == (
         policy_type,
-        config,
+        stored,
         "tenant",
         tenant_id,
+        None,
     )
+
+
+@pytest.mark.parametrize("policy_type", ["jwt_validation", "logging", "caching", "transform", "oidc", "new"])
+async def test_an_unsupported_type_is_422_naming_the_supported_ones(api, policy_type) -> None:
+    tenant_id = await api.tenant()
+    gateway_id, _ = await api.gateway()
+    body = {"policy_id": api.uid("p"), "type": policy_type, "config": {}, "scope": "tenant"}
+    for url, payload in [
+        (f"/v1/tenants/{tenant_id}/policies", body),
+        (f"/v1/gateways/{gateway_id}/policies", {k: v for k, v in body.items() if k != "scope"}),
+    ]:
+        response = await api.admin.post(url, json=payload)
+        assert response.status_code == 422, response.text
+        (error,) = response.json()["errors"]
+        assert error["field"] == "type"
+        assert error["message"] == (
+            f"{policy_type!r} is not a supported policy type (supported: cors, rate_limit, ip_filter)"
+        )
+    assert (await api.admin.get(f"/v1/tenants/{tenant_id}/policies")).json() == []
 
 
 async def test_policy_shape_errors(api) -> None:
@@ -187,7 +228,7 @@ async def test_attribution_and_reach(api, layout, how, expected) -> None:
         assert policy["scope"] == kind
         assert policy["targets"] == sorted(body.get("targets", []))
         assert policy["tenant_id"] == ("" if kind == "gateway" else layout["t" + owner.lower()])
-        assert policy["config"] == config
+        assert policy["rate_limit"] == {"max_requests": 5, "interval_seconds": 1}
 
     # Delete bumps the same gateways once more.
     delete_path = f"{path}/{policy_id}"

@@ -139,6 +139,7 @@ async def test_status_is_always_about_the_desired_generation(api) -> None:
         "snapshot_version": "",
         "state": "PENDING",
         "last_report": None,
+        "invalid_policies": [],
     }
 
     ok = await report(api, gateway_id, credential, generation="1", status="SYNCED", snapshot_version="v1")

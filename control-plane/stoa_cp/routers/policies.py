@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from fastapi import APIRouter, Response
 
 from stoa_cp import policy_config
@@ -9,6 +11,7 @@ from stoa_cp.auth import AdminCredential
 from stoa_cp.dependencies import Db, ExistingGateway, ExistingTenant
 from stoa_cp.problems import PROBLEM_RESPONSES, invalid
 from stoa_cp.schemas import (
+    GatewayPolicyFields,
     GatewayPolicyIn,
     GatewayPolicyUpdate,
     PolicyOut,
@@ -17,6 +20,8 @@ from stoa_cp.schemas import (
     TenantPolicyUpdate,
 )
 from stoa_cp.store import policies
+
+PolicyFields = TypeVar("PolicyFields", TenantPolicyFields, GatewayPolicyFields)
 
 tenant_router = APIRouter(
     prefix="/v1/tenants/{tenant_id}/policies",
@@ -32,8 +37,12 @@ gateway_router = APIRouter(
 )
 
 
+def _accepted(body: PolicyFields, policy_id: str) -> PolicyFields:
+    """`body` with its config in normal form (422 naming the field when the site would refuse it)."""
+    return body.model_copy(update={"config": policy_config.accepted(body.type, policy_id, body.config)})
+
+
 def _check_tenant_policy(body: TenantPolicyFields) -> None:
-    policy_config.check(body.type, body.config)
     if body.scope == "tenant" and body.targets:
         raise invalid("targets", "must be empty for scope 'tenant' (it applies to every route of the tenant)")
 
@@ -41,7 +50,7 @@ def _check_tenant_policy(body: TenantPolicyFields) -> None:
 @tenant_router.post("", status_code=201)
 async def create_tenant_policy(tenant_id: str, body: TenantPolicyIn, db: Db) -> PolicyOut:
     _check_tenant_policy(body)
-    return await policies.create_for_tenant(db, tenant_id, body)
+    return await policies.create_for_tenant(db, tenant_id, _accepted(body, body.policy_id))
 
 
 @tenant_router.get("")
@@ -59,7 +68,7 @@ async def update_tenant_policy(tenant_id: str, policy_id: str, body: TenantPolic
     if body.policy_id is not None and body.policy_id != policy_id:
         raise invalid("policy_id", "must equal the policy_id of the path")
     _check_tenant_policy(body)
-    return await policies.update_for_tenant(db, tenant_id, policy_id, body)
+    return await policies.update_for_tenant(db, tenant_id, policy_id, _accepted(body, policy_id))
 
 
 @tenant_router.delete("/{policy_id}", status_code=204)
@@ -70,8 +79,7 @@ async def delete_tenant_policy(tenant_id: str, policy_id: str, db: Db) -> Respon
 
 @gateway_router.post("", status_code=201)
 async def create_gateway_policy(gateway_id: str, body: GatewayPolicyIn, db: Db) -> PolicyOut:
-    policy_config.check(body.type, body.config)
-    return await policies.create_for_gateway(db, gateway_id, body)
+    return await policies.create_for_gateway(db, gateway_id, _accepted(body, body.policy_id))
 
 
 @gateway_router.get("")
@@ -90,8 +98,7 @@ async def update_gateway_policy(
 ) -> PolicyOut:
     if body.policy_id is not None and body.policy_id != policy_id:
         raise invalid("policy_id", "must equal the policy_id of the path")
-    policy_config.check(body.type, body.config)
-    return await policies.update_for_gateway(db, gateway_id, policy_id, body)
+    return await policies.update_for_gateway(db, gateway_id, policy_id, _accepted(body, policy_id))
 
 
 @gateway_router.delete("/{policy_id}", status_code=204)

@@ -7,6 +7,7 @@ import asyncpg
 from stoa_cp.problems import not_found
 from stoa_cp.schemas import DeploymentOut
 from stoa_cp.store.database import Database
+from stoa_cp.store.policies import refuse_overlaps
 from stoa_cp.store.publication import bump, bury, lock_gateway, lock_tenant, unbury
 
 
@@ -40,6 +41,7 @@ async def deploy(db: Database, gateway_id: str, api_id: str) -> DeploymentOut:
         if inserted is None:
             return DeploymentOut(gateway_id=gateway_id, api_id=api_id, generation=generation, changed=False)
         await unbury(conn, gateway_id, [api_id])
+        await refuse_overlaps(conn, [gateway_id], route_id=api_id)
         generation = (await bump(conn, [gateway_id]))[gateway_id]
     return DeploymentOut(gateway_id=gateway_id, api_id=api_id, generation=generation, changed=True)
 

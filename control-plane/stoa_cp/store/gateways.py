@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncpg
 
 from stoa_cp.problems import conflict, not_found
-from stoa_cp.schemas import GatewayCreated, GatewayIn, GatewayOut, GatewayStatus, LastReport
+from stoa_cp.schemas import GatewayCreated, GatewayIn, GatewayOut, GatewayStatus, InvalidPolicy, LastReport
 from stoa_cp.store.database import Database
+from stoa_cp.store.policies import invalid_reaching
 from stoa_cp.store.publication import notify
 
 
@@ -73,6 +74,7 @@ async def status(db: Database, gateway_id: str) -> GatewayStatus:
             " FROM gateways WHERE gateway_id = $1",
             gateway_id,
         )
+        left_out = await invalid_reaching(conn, gateway_id)
     if row is None:
         raise not_found("gateway_id", gateway_id)
     desired = int(row["generation"])
@@ -90,4 +92,5 @@ async def status(db: Database, gateway_id: str) -> GatewayStatus:
         snapshot_version=row["snapshot_version"],
         state=state,
         last_report=LastReport(**last) if last else None,
+        invalid_policies=[InvalidPolicy(policy_id=p, reason=r) for p, r in left_out],
     )

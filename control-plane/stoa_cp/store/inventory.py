@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import asyncpg
 from google.protobuf import json_format
-from stoa_proto import inventory_pb2
+from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
+from stoa_translate.policies import KINDS, read_config
 
 from stoa_cp.store.database import Database
 
@@ -103,7 +104,8 @@ async def build(conn: asyncpg.Connection, gateway_id: str) -> Document | None:
         tombstones = await conn.fetchval(_TOMBSTONES, gateway_id)
         policies = await conn.fetch(
             "SELECT policy_id, type, config, scope, targets, tenant_id FROM policies"
-            " WHERE gateway_id = $1 OR tenant_id = ANY($2::text[]) ORDER BY policy_id",
+            " WHERE invalid_reason IS NULL AND (gateway_id = $1 OR tenant_id = ANY($2::text[]))"
+            " ORDER BY policy_id",
             gateway_id,
             tenants,
         )
@@ -113,7 +115,9 @@ async def build(conn: asyncpg.Connection, gateway_id: str) -> Document | None:
             tenants,
         )
 
-    inv = inventory_pb2.Inventory(gateway_id=gateway_id, generation=int(generation))
+    inv = inventory_pb2.Inventory(
+        schema_version=INVENTORY_SCHEMA_VERSION, gateway_id=gateway_id, generation=int(generation)
+    )
     all_routes: list[str] = routes["route_ids"]
     by_tenant: dict[str, list[str]] = {}
     for route_id, tenant_id in zip(all_routes, routes["tenant_ids"], strict=True):
@@ -127,7 +131,8 @@ async def build(conn: asyncpg.Connection, gateway_id: str) -> Document | None:
             tenant_id=row["tenant_id"] or "",
             applicable=applicable(row["scope"], row["tenant_id"], row["targets"], all_routes, by_tenant),
         )
-        policy.config.update(row["config"])
+        # Stored in normal form by the same rules: reading it into its typed member cannot fail.
+        getattr(policy, row["type"]).CopyFrom(read_config(KINDS[row["type"]], row["config"]))
     for row in issuers:
         inv.issuers.add(
             tenant_id=row["tenant_id"],

@@ -6,7 +6,11 @@ listed on its gateway; a tenant- or api-scoped policy on every gateway where its
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
+
 import asyncpg
+from stoa_translate.policies import ConfigError, UnsupportedKind, accept_json
 
 from stoa_cp.problems import Problem, conflict, not_found
 from stoa_cp.schemas import (
@@ -17,9 +21,12 @@ from stoa_cp.schemas import (
     TenantPolicyIn,
 )
 from stoa_cp.store.database import Database
+from stoa_cp.store.inventory import applicable
 from stoa_cp.store.publication import bump, lock_gateway, lock_tenant, tenant_gateways
 
-_FIELDS = "policy_id, type, config, scope, targets, tenant_id, gateway_id"
+log = logging.getLogger("stoa_cp")
+
+_FIELDS = "policy_id, type, config, scope, targets, tenant_id, gateway_id, invalid_reason"
 _SELECT = f"SELECT {_FIELDS} FROM policies"  # noqa: S608 - constant text, no input
 
 
@@ -81,7 +88,9 @@ async def create_for_tenant(db: Database, tenant_id: str, body: TenantPolicyIn) 
             )
         except asyncpg.UniqueViolationError:
             raise conflict("policy_id", body.policy_id) from None
-        await bump(conn, await tenant_gateways(conn, tenant_id))
+        gateways = await tenant_gateways(conn, tenant_id)
+        await refuse_overlaps(conn, gateways, policy_id=body.policy_id)
+        await bump(conn, gateways)
     assert row is not None
     return _out(row)
 
@@ -106,15 +115,18 @@ async def update_for_tenant(
         current = await _tenant_policy(conn, tenant_id, policy_id, lock=True)
         await _check_targets(conn, tenant_id, body)
         wanted = (body.type, body.config, body.scope, _targets(body))
-        if (current["type"], current["config"], current["scope"], list(current["targets"])) == wanted:
+        stored = (current["type"], current["config"], current["scope"], list(current["targets"]))
+        if stored == wanted and current["invalid_reason"] is None:
             return _out(current)
         await conn.execute(
-            "UPDATE policies SET type = $2, config = $3, scope = $4, targets = $5, updated_at = now()"
-            " WHERE policy_id = $1",
+            "UPDATE policies SET type = $2, config = $3, scope = $4, targets = $5, updated_at = now(),"
+            " config_schema = 2, invalid_reason = NULL WHERE policy_id = $1",
             policy_id,
             *wanted,
         )
-        await bump(conn, await tenant_gateways(conn, tenant_id))
+        gateways = await tenant_gateways(conn, tenant_id)
+        await refuse_overlaps(conn, gateways, policy_id=policy_id)
+        await bump(conn, gateways)
         return _out(await _tenant_policy(conn, tenant_id, policy_id, lock=False))
 
 
@@ -147,6 +159,7 @@ async def create_for_gateway(db: Database, gateway_id: str, body: GatewayPolicyI
             )
         except asyncpg.UniqueViolationError:
             raise conflict("policy_id", body.policy_id) from None
+        await refuse_overlaps(conn, [gateway_id], policy_id=body.policy_id)
         await bump(conn, [gateway_id])
         return _out(await _gateway_policy(conn, gateway_id, body.policy_id))
 
@@ -169,14 +182,17 @@ async def update_for_gateway(
     async with db.transaction() as conn:
         await lock_gateway(conn, gateway_id)
         current = await _gateway_policy(conn, gateway_id, policy_id)
-        if (current["type"], current["config"]) == (body.type, body.config):
+        unchanged = (current["type"], current["config"]) == (body.type, body.config)
+        if unchanged and current["invalid_reason"] is None:
             return _out(current)
         await conn.execute(
-            "UPDATE policies SET type = $2, config = $3, updated_at = now() WHERE policy_id = $1",
+            "UPDATE policies SET type = $2, config = $3, updated_at = now(), config_schema = 2,"
+            " invalid_reason = NULL WHERE policy_id = $1",
             policy_id,
             body.type,
             body.config,
         )
+        await refuse_overlaps(conn, [gateway_id], policy_id=policy_id)
         await bump(conn, [gateway_id])
         return _out(await _gateway_policy(conn, gateway_id, policy_id))
 
@@ -187,3 +203,91 @@ async def delete_for_gateway(db: Database, gateway_id: str, policy_id: str) -> N
         await _gateway_policy(conn, gateway_id, policy_id)
         await conn.execute("DELETE FROM policies WHERE policy_id = $1", policy_id)
         await bump(conn, [gateway_id])
+
+
+async def refuse_overlaps(
+    conn: asyncpg.Connection,
+    gateway_ids: Iterable[str],
+    *,
+    policy_id: str | None = None,
+    route_id: str | None = None,
+) -> None:
+    """409 when, on one of `gateway_ids`, two valid policies of one kind apply to one route and the
+    pair involves `policy_id` (a policy write) or `route_id` (a deployment). Run inside the write's
+    transaction after the change, so nothing is stored when it refuses. The site refuses such an
+    inventory (DUPLICATE_POLICY); the write that would create it is refused instead."""
+    for gateway_id in sorted(set(gateway_ids)):
+        routes = await conn.fetch(
+            "SELECT a.api_id, a.tenant_id FROM deployments d JOIN apis a ON a.api_id = d.api_id"
+            " WHERE d.gateway_id = $1 ORDER BY a.api_id",
+            gateway_id,
+        )
+        all_routes = [r["api_id"] for r in routes]
+        by_tenant: dict[str, list[str]] = {}
+        for r in routes:
+            by_tenant.setdefault(r["tenant_id"], []).append(r["api_id"])
+        rows = await conn.fetch(
+            "SELECT policy_id, type, scope, targets, tenant_id FROM policies WHERE invalid_reason IS NULL"
+            " AND (gateway_id = $1 OR tenant_id = ANY($2::text[])) ORDER BY policy_id",
+            gateway_id,
+            sorted(by_tenant),
+        )
+        owners: dict[tuple[str, str], list[str]] = {}
+        for row in rows:
+            for route in applicable(row["scope"], row["tenant_id"], row["targets"], all_routes, by_tenant):
+                owners.setdefault((route, row["type"]), []).append(row["policy_id"])
+        for (route, kind), ids in sorted(owners.items()):
+            if len(ids) < 2:
+                continue
+            rule = f"on gateway {gateway_id}: one policy of a type per route"
+            if policy_id in ids:
+                other = next(i for i in ids if i != policy_id)
+                detail = f"policy {other} of type {kind} already applies to route {route} {rule}"
+                raise Problem(409, "Conflict", [("policy_id", detail)])
+            if route == route_id:
+                detail = (
+                    f"policies {ids[0]} and {ids[1]} of type {kind} would both apply to route {route} {rule}"
+                )
+                raise Problem(409, "Conflict", [("api_id", detail)])
+
+
+async def adopt_typed_configs(conn: asyncpg.Connection) -> int:
+    """Re-read every policy stored before typed configs by the translator's rules: store its normal
+    form, or keep it marked invalid with the reason. Gateways it reaches get a new generation (their
+    inventory changes). Returns how many rows it re-read; 0 once done."""
+    rows = await conn.fetch(
+        "SELECT policy_id, type, config, tenant_id, gateway_id FROM policies"
+        " WHERE config_schema = 1 FOR UPDATE"
+    )
+    reached: set[str] = set()
+    for row in rows:
+        try:
+            config, reason = accept_json(row["type"], row["policy_id"], row["config"]), None
+        except (UnsupportedKind, ConfigError) as exc:
+            config, reason = row["config"], str(exc)
+        await conn.execute(
+            "UPDATE policies SET config = $2, invalid_reason = $3, config_schema = 2 WHERE policy_id = $1",
+            row["policy_id"],
+            config,
+            reason,
+        )
+        if reason is not None:
+            log.warning("policy %s kept but marked invalid: %s", row["policy_id"], reason)
+        if row["gateway_id"] is not None:
+            reached.add(row["gateway_id"])
+        else:
+            reached.update(await tenant_gateways(conn, row["tenant_id"]))
+    await bump(conn, reached)
+    return len(rows)
+
+
+async def invalid_reaching(conn: asyncpg.Connection, gateway_id: str) -> list[tuple[str, str]]:
+    """(policy id, reason) of the invalid policies that would reach the gateway: left out of its
+    inventory, so its status says so."""
+    rows = await conn.fetch(
+        "SELECT policy_id, invalid_reason FROM policies WHERE invalid_reason IS NOT NULL AND ("
+        " gateway_id = $1 OR tenant_id IN (SELECT a.tenant_id FROM deployments d JOIN apis a"
+        " ON a.api_id = d.api_id WHERE d.gateway_id = $1)) ORDER BY policy_id",
+        gateway_id,
+    )
+    return [(r["policy_id"], r["invalid_reason"]) for r in rows]
