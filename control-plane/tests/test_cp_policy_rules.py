@@ -98,7 +98,8 @@ async def legacy_dsn(pg) -> str:
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute(
-            "CREATE TABLE schema_migrations (version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            "CREATE TABLE schema_migrations"
+            " (version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
         )
         for version, sql in migration_files():
             if version >= "0004":
@@ -117,7 +118,8 @@ async def legacy_dsn(pg) -> str:
         await conn.execute("INSERT INTO deployments (gateway_id, api_id) VALUES ('lg', 'la')")
         for policy_id, kind, config in LEGACY:
             await conn.execute(
-                "INSERT INTO policies (policy_id, type, config, scope, tenant_id) VALUES ($1, $2, $3, 'tenant', 'lt')",
+                "INSERT INTO policies (policy_id, type, config, scope, tenant_id)"
+                " VALUES ($1, $2, $3, 'tenant', 'lt')",
                 policy_id,
                 kind,
                 json.dumps(config),
