@@ -2,7 +2,8 @@
 
 Every refusal about content is made here (UNSUPPORTED_POLICY, DUPLICATE_POLICY, INVALID_INVENTORY),
 so the renderers only ever see content they can express; each policy kind parses its own config
-(`stoa_translate.policies`). The IR is plain frozen data in a deterministic order (routes by route id, issuers by tenant then issuer).
+(`stoa_translate.policies`). The IR is plain frozen data in a deterministic order (routes by route
+id, issuers by tenant then issuer).
 """
 
 from __future__ import annotations
