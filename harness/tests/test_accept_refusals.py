@@ -1,6 +1,8 @@
-"""Issue 3 acceptance: what the Link cannot express safely is refused whole — an unsupported policy type,
-or two rules of one type on one route — reported FAILED with the policy named, and Envoy keeps exactly
-the configuration it had (versions from its admin interface), still serving the old routes.
+"""What a site cannot express safely — an unsupported policy type, two rules of one type on one route —
+is refused by the CP at the write (422, 409 naming the other policy), by the same rules the Link
+applies: nothing is stored, the gateway stays SYNCED, Envoy keeps exactly the configuration it had
+(versions from its admin interface). What has a normal form (`get` → `GET`) is published in it.
+The Link's own refusals of such inventories (an older or newer CP) are in translator/tests.
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from stoa_harness.cp_client import CPError
 from stoa_harness.estate import Estate
-from stoa_harness.wait import wait_until
 
 TENANT = "ref"
 LIVE = "/apis/ref-live/x"
@@ -65,20 +67,6 @@ def baseline(refusals: Estate, witness_allows: None) -> Iterator[Baseline]:
     refusals.admin.wait_synced()
 
 
-def wait_failed(estate: Estate, generation: int) -> dict[str, Any]:
-    def failed() -> dict[str, Any] | None:
-        status = estate.admin.status()
-        report = status.get("last_report") or {}
-        if int(report.get("generation") or 0) == generation and report.get("status") == "FAILED":
-            return status
-        assert not (status["state"] == "SYNCED" and int(status["acknowledged_generation"]) >= generation), (
-            f"generation {generation} was applied: {status}"
-        )
-        return None
-
-    return wait_until(failed, 30, f"generation {generation} reported FAILED")
-
-
 def assert_envoy_unchanged(estate: Estate, before: Baseline) -> None:
     assert estate.envoy.versions() == before.envoy_versions
     assert estate.gateway.get(estate.url(LIVE)).status_code == 200
@@ -94,29 +82,26 @@ UNSUPPORTED: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+def assert_nothing_changed(estate: Estate, before: Baseline) -> None:
+    """The refused write left the gateway as it was: same generation, still SYNCED, Envoy untouched."""
+    status = estate.admin.status()
+    assert status["state"] == "SYNCED"
+    assert status["desired_generation"] == before.status["desired_generation"]
+    assert_envoy_unchanged(estate, before)
+
+
 @pytest.mark.parametrize(("policy_type", "config"), UNSUPPORTED, ids=[t for t, _ in UNSUPPORTED])
-def test_an_unsupported_policy_type_is_refused_whole(
+def test_an_unsupported_policy_type_is_refused_at_the_cp(
     refusals: Estate, baseline: Baseline, policy_type: str, config: dict[str, Any]
 ) -> None:
+    # The CP learns the site's rules from the translator itself: it refuses what the Link would.
     policy_id = f"bad-{policy_type.replace('_', '-')}"
-    refusals.admin.add_policy(policy_id, policy_type, config, tenant_id=TENANT, targets=["ref-live"])
-    # A route published in the same refused state must not appear either: nothing of it is published.
-    refusals.create_api(f"ref-new-{policy_id}", tenant_id=TENANT, upstream_url=f"{refusals.upstream.url}/new")
-    generation = refusals.admin.deploy(f"ref-new-{policy_id}")
-    try:
-        status = wait_failed(refusals, generation)
-
-        report = status["last_report"]
-        assert status["state"] == "FAILED"
-        assert report["reason"] == "UNSUPPORTED_POLICY"
-        assert policy_id in report["detail"]
-        assert policy_type in report["detail"]
-        assert_envoy_unchanged(refusals, baseline)
-        assert refusals.gateway.get(refusals.url(f"/apis/ref-new-{policy_id}/x")).status_code == 404
-    finally:
-        refusals.admin.delete_policy(policy_id, tenant_id=TENANT)
-    refusals.admin.wait_synced()
-    assert refusals.gateway.get(refusals.url(f"/apis/ref-new-{policy_id}/x")).status_code == 200
+    with pytest.raises(CPError) as refused:
+        refusals.admin.add_policy(policy_id, policy_type, config, tenant_id=TENANT, targets=["ref-live"])
+    assert refused.value.status_code == 422
+    assert refused.value.fields == ["type"]
+    assert "supported: cors, rate_limit, ip_filter" in refused.value.problem["errors"][0]["message"]
+    assert_nothing_changed(refusals, baseline)
 
 
 DUPLICATES: list[tuple[str, str, dict[str, Any]]] = [
@@ -128,26 +113,41 @@ DUPLICATES: list[tuple[str, str, dict[str, Any]]] = [
 
 @pytest.mark.parametrize(("policy_id", "policy_type", "config"), DUPLICATES, ids=[d[1] for d in DUPLICATES])
 @pytest.mark.parametrize("scope", ["api", "tenant", "gateway"])
-def test_two_rules_of_one_type_on_one_route_are_refused(
+def test_two_rules_of_one_type_on_one_route_are_refused_at_the_cp(
     refusals: Estate, baseline: Baseline, policy_id: str, policy_type: str, config: dict[str, Any], scope: str
 ) -> None:
-    if scope == "gateway":
-        owner = None
-        generation = refusals.admin.add_policy(policy_id, policy_type, config, tenant_id=owner)
-    else:
-        owner = TENANT
-        targets = ["ref-live"] if scope == "api" else []
-        generation = refusals.admin.add_policy(
-            policy_id, policy_type, config, tenant_id=owner, scope=scope, targets=targets
-        )
-    try:
-        status = wait_failed(refusals, generation)
+    placement: dict[str, Any] = (
+        {"tenant_id": None}
+        if scope == "gateway"
+        else {"tenant_id": TENANT, "scope": scope, "targets": ["ref-live"] if scope == "api" else []}
+    )
+    with pytest.raises(CPError) as refused:
+        refusals.admin.add_policy(policy_id, policy_type, config, **placement)
+    assert refused.value.status_code == 409
+    message = refused.value.problem["errors"][0]["message"]
+    # The rule it collides with, by id, and the route.
+    assert message.startswith(f"policy ref-{policy_type.split('_')[0]} of type {policy_type}")
+    assert "ref-live" in message
+    assert_nothing_changed(refusals, baseline)
 
-        report = status["last_report"]
-        assert report["reason"] == "DUPLICATE_POLICY"
-        assert policy_id in report["detail"]
-        assert f"ref-{policy_type.split('_')[0]}" in report["detail"]  # the rule it collides with
-        assert "ref-live" in report["detail"]
-        assert_envoy_unchanged(refusals, baseline)
+
+def test_lower_case_cors_methods_are_published_in_normal_form(refusals: Estate, baseline: Baseline) -> None:
+    # Once 201 then FAILED (the Link refused "get"): the CP now stores and publishes "GET".
+    api_id = "ref-lower"
+    upstream = f"{refusals.upstream.url}/lower"
+    refusals.create_api(api_id, tenant_id=TENANT, upstream_url=upstream, methods=["GET"])
+    config = {"allowedOrigins": ["https://app.example.com"], "allowedMethods": ["get"]}
+    stored = refusals.admin.create_policy(
+        "ref-lower-cors", "cors", config, tenant_id=TENANT, targets=[api_id]
+    )
+    assert stored["config"]["allowedMethods"] == ["GET"]
+    refusals.admin.wait_synced(refusals.admin.deploy(api_id))
+    try:
+        preflight = refusals.gateway.options(
+            refusals.url(f"/apis/{api_id}/x"),
+            headers={"origin": "https://app.example.com", "access-control-request-method": "GET"},
+        )
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-methods"] == "GET"
     finally:
-        refusals.admin.delete_policy(policy_id, tenant_id=owner)
+        refusals.admin.undeploy(api_id)
