@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import ipaddress
 import math
-import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from stoa_translate import fields
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
 # JSON numbers travel in the inventory as protobuf Struct doubles: larger integers would not survive.
 MAX_JSON_INTEGER = 2**53
-MAX_URL_LENGTH = 2048
-
-HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
-_PATH = re.compile(r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*$")
-_SCOPE = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]{1,128}$")  # RFC 6749 scope-token characters
-_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
-_IP_LIKE = re.compile(r"^[0-9.]+$|:")
+MAX_URL_LENGTH = fields.MAX_URL_LENGTH
 
 
 def unstorable(value: object, where: str) -> tuple[str, str] | None:
@@ -59,69 +52,14 @@ def _storable(value: Any) -> Any:
     return value
 
 
-def _host(host: str) -> None:
-    """An IP literal or an ASCII DNS name, as the Link accepts it (IDNs go in their xn-- form)."""
-    if _IP_LIKE.search(host):
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            raise ValueError(f"host {host!r} is not a valid IP address") from None
-    elif not all(_HOST_LABEL.match(label) for label in host.split(".")):
-        raise ValueError(f"host {host!r} is not a DNS name (letters, digits and '-' per label; IDNs as xn--)")
-
-
 def _upstream_url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError("must be an http:// or https:// URL")
-    if not parts.hostname:
-        raise ValueError("must name a host")
-    if parts.username is not None or parts.password is not None:
-        raise ValueError("must not carry credentials")
-    if parts.query or parts.fragment or "?" in value or "#" in value:
-        raise ValueError("must not have a query or fragment")
-    try:
-        port = parts.port
-    except ValueError:
-        raise ValueError("has an invalid port") from None
-    if port == 0:
-        raise ValueError("has an invalid port (0)")
-    if any(c.isspace() for c in value):
-        raise ValueError("must not contain whitespace")
-    _host(parts.hostname)
-    if parts.path:
-        try:
-            _path_prefix(parts.path)
-        except ValueError as exc:
-            raise ValueError(f"path {exc}") from None
+    fields.upstream_url(value)  # the site's rule (ValueError names what is wrong)
     return value
 
 
 def _path_prefix(value: str) -> str:
-    if not _PATH.match(value):
-        raise ValueError("must start with '/' and contain only URL path characters")
-    segments = value.split("/")[1:]
-    if "//" in value or any(seg in (".", "..") for seg in segments):
-        raise ValueError("must be a normalised path (no '//', '.' or '..' segments)")
+    fields.path(value)
     return value
-
-
-def _methods(value: list[str]) -> list[str]:
-    out: list[str] = []
-    for method in value:
-        upper = method.upper()
-        if upper not in HTTP_METHODS:
-            raise ValueError(f"{method!r} is not one of {', '.join(HTTP_METHODS)}")
-        if upper not in out:
-            out.append(upper)
-    return out
-
-
-def _scopes(value: list[str]) -> list[str]:
-    for scope in value:
-        if not _SCOPE.match(scope):
-            raise ValueError(f"{scope!r} is not a valid scope token")
-    return list(dict.fromkeys(value))
 
 
 def _http_url(value: str) -> str:
@@ -140,8 +78,8 @@ Name = Annotated[
 JsonObject = Annotated[dict[str, Any], AfterValidator(_storable)]
 UpstreamUrl = Annotated[str, StringConstraints(max_length=MAX_URL_LENGTH), AfterValidator(_upstream_url)]
 PathPrefix = Annotated[str, StringConstraints(max_length=MAX_URL_LENGTH), AfterValidator(_path_prefix)]
-Methods = Annotated[list[str], Field(min_length=1), AfterValidator(_methods)]
-Scopes = Annotated[list[str], AfterValidator(_scopes)]
+Methods = Annotated[list[str], Field(min_length=1), AfterValidator(fields.methods)]
+Scopes = Annotated[list[str], AfterValidator(fields.scopes)]
 PolicyType = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
 HttpUrl = Annotated[
     str, StringConstraints(max_length=MAX_URL_LENGTH), AfterValidator(_storable), AfterValidator(_http_url)
