@@ -17,6 +17,7 @@ import asyncpg
 import httpx
 import pytest
 from stoa_cp.events import LISTENER_NAME
+from stoa_harness.cp_client import AsyncCPClient
 from stoa_harness.wait import GiveUp, wait_until_async
 
 
@@ -240,18 +241,15 @@ async def two_cps(pg) -> AsyncIterator[tuple[str, str]]:
 
 async def test_two_cp_processes_share_changes_through_postgres(two_cps) -> None:
     url_a, url_b = two_cps
-    admin = {"authorization": "Bearer test-admin-token"}
-    async with httpx.AsyncClient(base_url=url_a, headers=admin, timeout=10) as a:
-        assert (await a.post("/v1/tenants", json={"tenant_id": "fan", "name": "Fan"})).status_code == 201
-        created = (await a.post("/v1/gateways", json={"gateway_id": "gw-fan", "name": "G"})).json()
-        credential = created["credential"]
-        body = {"api_id": "fan-api", "name": "x", "upstream_url": "http://127.0.0.1:9", "methods": ["GET"]}
-        assert (await a.post("/v1/tenants/fan/apis", json=body)).status_code == 201
+    async with AsyncCPClient(url_a, "test-admin-token", gateway_id="gw-fan") as a:
+        await a.create_tenant("fan", "Fan")
+        credential = (await a.create_gateway("gw-fan", "G"))["credential"]
+        await a.create_api("fan-api", tenant_id="fan", name="x", upstream_url="http://127.0.0.1:9")
 
         async with stream(url_b, "gw-fan", credential) as sse:
             assert (await sse.next_event()).id == "1"
             # The change goes through process A; process B streams it.
-            assert (await a.put("/v1/gateways/gw-fan/deployments/fan-api")).status_code == 200
+            assert await a.deploy("fan-api") == 2
             event = await sse.next_event(within=10)
             assert event.id == "2"
             assert [r["route_id"] for r in json.loads(event.data)["routes"]] == ["fan-api"]

@@ -8,7 +8,7 @@ fixed part of the envelope's claims; per request remain the envelope (request id
 and the removal of the inbound identity headers this request carried.
 
 The gRPC server is the synchronous one (a thread pool): for unary Checks, grpcio's asyncio server
-costs about twice the CPU per call (measured by the harness's `stoa_harness.bench.check_cpu`). The
+costs about twice the CPU per call (measured by the harness bench `check_cpu`). The
 decision event goes to a buffered `DecisionLog` (see bench/PROFILE-authz.md for what each part costs).
 """
 
