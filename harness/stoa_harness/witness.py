@@ -1,8 +1,8 @@
 """The Check witness: an independent, minimal `envoy.service.auth.v3.Authorization` server.
 
-It records every Check Envoy sends (monotonic time, method, path, context extensions, headers) and
-answers by a rule tests switch at runtime. It is plaintext gRPC on loopback (Envoy's ext_authz
-cluster is HTTP/2 without TLS) and runs on its own asyncio loop in its own thread.
+It records the Checks Envoy sends (the latest `max_checks`: monotonic time, method, path, context
+extensions, headers) and answers by a rule tests switch at runtime. It is plaintext gRPC on loopback
+(Envoy's ext_authz cluster is HTTP/2 without TLS) and runs on its own asyncio loop in its own thread.
 
     with CheckWitness() as w:            # Link setting EXT_AUTHZ_ADDRESS = w.address
         w.allow()                        # the default: allow (optionally adding upstream headers)
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -138,12 +139,16 @@ def _response(decision: Allow | Deny) -> external_auth_pb2.CheckResponse:
     )
 
 
+DEFAULT_MAX_CHECKS = 10_000
+
+
 class CheckWitness(Lifecycle, external_auth_pb2_grpc.AuthorizationServicer):
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, max_checks: int = DEFAULT_MAX_CHECKS) -> None:
         self.host = host
         self.port = port or free_port(host)  # fixed for the witness's life, so a restart comes back on it
         self._lock = threading.Lock()
-        self._checks: list[Check] = []
+        # The latest Checks only: an estate on the witness can serve traffic for days at a flat footprint.
+        self._checks: deque[Check] = deque(maxlen=max_checks)
         self._rule: Rule = Allow()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

@@ -111,3 +111,11 @@ def test_upstream_echoes_and_records_arrivals() -> None:
         up.clear()
         assert up.arrivals() == []
         assert httpx.get(up.url).status_code == 200
+
+
+def test_the_witness_keeps_only_the_latest_checks() -> None:
+    with CheckWitness(max_checks=3) as small, grpc.insecure_channel(small.address) as channel:
+        bounded = external_auth_pb2_grpc.AuthorizationStub(channel)
+        for i in range(7):
+            bounded.Check(_request(path=f"/apis/a/{i}"), timeout=5, wait_for_ready=True)
+        assert [c.path for c in small.checks()] == ["/apis/a/4", "/apis/a/5", "/apis/a/6"]
