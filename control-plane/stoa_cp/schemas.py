@@ -105,6 +105,8 @@ class TenantOut(BaseModel):
 class ApiAuth(Strict):
     mode: Literal["jwt", "none"] = "jwt"
     scopes: Scopes = []
+    # The upstream also gets the client's credential (by default it is removed once checked).
+    forward_credential: bool = False
 
 
 class ApiFields(Strict):

@@ -63,7 +63,7 @@ async def test_api_crud_with_defaults(api) -> None:
     body = created.json()
     assert body["path_prefix"] == f"/apis/{api_id}"
     assert body["methods"] == ["GET", "POST"]
-    assert body["auth"] == {"mode": "jwt", "scopes": []}
+    assert body["auth"] == {"mode": "jwt", "scopes": [], "forward_credential": False}
     assert body["timeout_ms"] is None
 
     update = {
@@ -72,16 +72,16 @@ async def test_api_crud_with_defaults(api) -> None:
         "path_prefix": "/orders",
         "methods": ["GET"],
         "timeout_ms": 2500,
-        "auth": {"mode": "none"},
+        "auth": {"mode": "none", "forward_credential": True},
     }
     updated = await api.admin.put(f"/v1/tenants/{tenant_id}/apis/{api_id}", json=update)
     assert updated.status_code == 200, updated.text
     got = (await api.admin.get(f"/v1/tenants/{tenant_id}/apis/{api_id}")).json()
-    assert (got["name"], got["path_prefix"], got["timeout_ms"], got["auth"]["mode"]) == (
+    assert (got["name"], got["path_prefix"], got["timeout_ms"], got["auth"]) == (
         "Orders v2",
         "/orders",
         2500,
-        "none",
+        {"mode": "none", "scopes": [], "forward_credential": True},
     )
     listed = (await api.admin.get(f"/v1/tenants/{tenant_id}/apis")).json()
     assert [a["api_id"] for a in listed] == [api_id]

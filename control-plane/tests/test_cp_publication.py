@@ -35,6 +35,7 @@ async def test_deploy_undeploy_redeploy_generations_and_tombstones(api) -> None:
             "timeout_ms": 1200,
             "auth_mode": "jwt",
             "scopes": ["orders:read"],
+            "forward_credential": False,
         }
     ]
     assert inv["tombstones"] == []
@@ -252,7 +253,10 @@ async def test_config_document_is_exactly_what_json_format_writes_for_it(api) ->
     tenant_id = await api.tenant()
     gateway_id, credential = await api.gateway()
     full = await api.new_api(
-        tenant_id, methods=["GET", "POST"], timeout_ms=1200, auth={"mode": "jwt", "scopes": ["a:b"]}
+        tenant_id,
+        methods=["GET", "POST"],
+        timeout_ms=1200,
+        auth={"mode": "jwt", "scopes": ["a:b"], "forward_credential": True},
     )
     bare = await api.new_api(tenant_id, auth={"mode": "none", "scopes": []})  # timeout 0, no scopes
     gone = await api.new_api(tenant_id)

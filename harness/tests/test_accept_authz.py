@@ -12,15 +12,19 @@ import httpx
 import pytest
 from joserfc import jws
 from joserfc.jwk import import_key
+from stoa_harness import raw_http
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
 from stoa_harness.site import Site
 from stoa_harness.upstream import Arrival
 from stoa_harness.wait import wait_until
-from stoa_proto.bodies import DENY_BODIES
+from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES
 
 AUDIENCE = "stoa-accept"
 PATH = "/apis/orders/items"
+OPEN = {"mode": "none", "scopes": []}
+# This site's upstreams also trust these (a Link setting): stripped like the defaults.
+SITE_IDENTITY_HEADERS = "x-legacy-user,x-corp-*"
 
 
 @pytest.fixture(scope="module")
@@ -31,15 +35,34 @@ def idp() -> Iterator[DevIdentityProvider]:
 
 @pytest.fixture(scope="module")
 def estate(idp: DevIdentityProvider, estates: Callable[..., Estate]) -> Estate:
-    options = EstateOptions(authz="service", authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE})
+    options = EstateOptions(
+        authz="service",
+        authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE},
+        link_env={"STOA_LINK_EXTRA_IDENTITY_HEADERS": SITE_IDENTITY_HEADERS},
+    )
     running = estates(options, "estate-authz")
     running.admin.create_tenant("demo", exist_ok=True)
     running.admin.create_tenant("other", exist_ok=True)
     running.admin.add_issuer("demo", idp.issuer, idp.jwks_uri)
-    running.admin.wait_synced(
-        running.publish("orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"]})
+    up = running.upstream.url
+    running.publish("orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"]})
+    running.publish("open", tenant_id="demo", auth=OPEN)
+    running.publish(
+        "forwarding",
+        tenant_id="demo",
+        auth={"mode": "jwt", "scopes": ["orders:read"], "forward_credential": True},
     )
-    running.admin.wait_synced(running.publish("open", tenant_id="demo", auth={"mode": "none", "scopes": []}))
+    # An open API and a token-protected one side by side on one backend host.
+    running.publish("pub", tenant_id="demo", path_prefix="/p/pub", upstream_url=f"{up}/pub", auth=OPEN)
+    running.admin.wait_synced(
+        running.publish(
+            "admin",
+            tenant_id="demo",
+            path_prefix="/p/admin",
+            upstream_url=f"{up}/admin",
+            auth={"mode": "jwt", "scopes": ["orders:read"]},
+        )
+    )
     authz_site(running).wait_authz_ready()
     return running
 
@@ -254,3 +277,126 @@ def test_key_rotation_passes_after_the_cp_ships_the_new_jwks(estate: Estate) -> 
     shipped = [i for i in estate.inventory()["issuers"] if i["issuer"] == rotating.issuer]
     assert new_kid in json.dumps(shipped)
     assert get(estate, token).status_code == 200
+
+
+# -- what never reaches an upstream from a client -------------------------------------------------
+FOREIGN_IDENTITY = [
+    ("X-Consumer-ID", "admin"),
+    ("x-consumer-username", "admin"),
+    ("X-Consumer-Custom-Id", "admin"),
+    ("X-Credential-Identifier", "admin-key"),
+    ("X-Anonymous-Consumer", "false"),
+    ("X-Remote-User", "admin"),
+    ("X-Forwarded-User", "admin"),
+    ("X-Auth-Request-User", "admin"),
+    ("X-Auth-Request-Email", "admin@example.com"),
+    ("Remote-User", "admin"),
+    ("X-Stoa-Tenant-Id", "other"),
+    ("X-USER-ID", "root"),
+    ("x-tenant-id", "other"),
+    ("X-Legacy-User", "admin"),  # added by this site
+    ("X-Corp-Role", "admin"),  # added by this site, as a prefix
+]
+OVERRIDES = [
+    ("X-HTTP-Method-Override", "DELETE"),
+    ("X-Http-Method", "DELETE"),
+    ("X-Method-Override", "DELETE"),
+    ("X-Original-URL", "/admin/x"),
+    ("X-Rewrite-URL", "/admin/x"),
+]
+
+
+def raw_get(estate: Estate, target: str, headers: Sequence[tuple[str, str]] = ()) -> raw_http.Reply:
+    return raw_http.send(estate.gateway_url, "GET", target, headers)
+
+
+@pytest.mark.parametrize("route", ["jwt", "none"])
+def test_foreign_identity_and_override_headers_never_reach_the_upstream(
+    estate: Estate, idp: DevIdentityProvider, route: str
+) -> None:
+    estate.upstream.clear()
+    sent = FOREIGN_IDENTITY + OVERRIDES + [("X-Note", "kept")]
+    if route == "jwt":
+        sent.append(("authorization", f"Bearer {idp.mint(**good(sub='client-1'))}"))
+    reply = raw_get(estate, "/apis/orders/x" if route == "jwt" else "/apis/open/x", sent)
+
+    assert reply.status == 200, reply.body
+    [arrival] = estate.upstream.arrivals()
+    assert arrival.method == "GET"
+    assert arrival.header("x-note") == "kept"  # the headers were sent; only these were removed
+    for name, _ in FOREIGN_IDENTITY + OVERRIDES:
+        if name.lower() != "x-stoa-tenant-id":
+            assert arrival.header(name) is None, name
+    assert arrival.header("x-stoa-tenant-id") == "demo"  # set by the decision, never the client's
+
+
+def test_an_upstream_never_sees_the_checked_token_unless_the_api_forwards_it(
+    estate: Estate, idp: DevIdentityProvider
+) -> None:
+    token = idp.mint(**good())
+    seen = {}
+    for path in ("/apis/orders/x", "/apis/forwarding/x", "/apis/open/x"):
+        estate.upstream.clear()
+        assert get(estate, token, path=path).status_code == 200
+        [arrival] = estate.upstream.arrivals()
+        seen[path.split("/")[2]] = arrival.header("authorization")
+
+    # Checked and not forwarded: removed. Forwarded: as sent. Open API: nothing was consumed.
+    assert seen == {"orders": None, "forwarding": f"Bearer {token}", "open": f"Bearer {token}"}
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "/p/pub/%2e%2e;/admin/x",
+        "/p/pub/%2E%2E;/admin/x",
+        "/p/pub/%2e%2e;jsessionid=1/admin/x",
+        "/p/pub/.%2e;/admin/x",
+        "/p/pub/%2e%2e%3b/admin/x",
+        "/p/pub/%252e%252e;/admin/x",
+        "/p/pub/%252e%252e/admin/x",
+        "/p/pub/%%32%65%%32%65;/admin/x",
+    ],
+)
+def test_a_hidden_dot_segment_into_a_protected_api_is_400_and_never_reaches_the_upstream(
+    estate: Estate, target: str
+) -> None:
+    estate.upstream.clear()
+    reply = raw_get(estate, target)
+    assert reply.status == 400
+    assert reply.body == DENY_BODIES[400]
+    assert reply.headers["content-type"] == CONTENT_TYPE
+    assert estate.upstream.arrivals() == []
+
+
+def test_dot_segments_envoy_resolves_and_matrix_parameters_reach_one_path(estate: Estate) -> None:
+    estate.upstream.clear()
+    # Resolved by Envoy before routing: the protected API decides it (no token: 401).
+    assert raw_get(estate, "/p/pub/..;/admin/x").status == 401
+    assert raw_get(estate, "/p/pub/%2e%2e/admin/x").status == 401
+    reply = raw_get(estate, "/p/pub/a;v=1/b")
+    assert reply.status == 200
+    [arrival] = estate.upstream.arrivals()
+    assert arrival.path == "/pub/a;v=1/b"
+
+
+def test_a_folded_header_is_one_header_and_smuggles_no_identity(estate: Estate) -> None:
+    estate.upstream.clear()
+    port = estate.gateway_url.rsplit(":", 1)[1]
+    request = (
+        f"GET /apis/open/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "X-Note: a\r\n X-Consumer-Id: admin\r\n"
+        "X-Other: b\r\n\tX-Stoa-Tenant-Id: other\r\n"
+        "X-Remote-User: admin\r\n continued\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    reply = raw_http.send_bytes(estate.gateway_url, request)
+
+    assert reply.status == 200
+    [arrival] = estate.upstream.arrivals()
+    # Each fold became part of the header above it, on one line: no header of its own.
+    assert arrival.header("x-note") == "a X-Consumer-Id: admin"
+    assert arrival.header("x-other") == "b\tX-Stoa-Tenant-Id: other"
+    assert arrival.header("x-consumer-id") is None
+    assert arrival.header("x-remote-user") is None
+    assert arrival.header("x-stoa-tenant-id") == "demo"

@@ -79,6 +79,7 @@ def _run(settings: LinkSettings) -> None:
             listener_port=settings.listener_port,
             ext_authz_address=settings.ext_authz_address,
             ext_authz_timeout_ms=settings.ext_authz_timeout_ms,
+            extra_identity_headers=settings.identity_headers_added,
         )
     except (ValueError, FileNotFoundError) as exc:
         raise StartupError(str(exc)) from None

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from stoa_proto import client_headers
 
 
 def ip_endpoint(address: str, what: str, example: str, host_kind: str = "an IP literal") -> tuple[str, int]:
@@ -68,6 +69,9 @@ class LinkSettings(BaseSettings):
     env: Literal["development", "production"] = "development"
     # Operator endpoint (/health/live, /health/ready, /metrics); empty disables it.
     http_address: str = "127.0.0.1:9902"
+    # Comma-separated identity header names this site's upstreams trust ("x-corp-*" for a prefix),
+    # stripped from clients on top of stoa_proto.client_headers (whose defaults cannot be removed).
+    extra_identity_headers: str = ""
 
     @field_validator("ads_address")
     @classmethod
@@ -95,6 +99,16 @@ class LinkSettings(BaseSettings):
         if value and not value.startswith(("http://", "https://")):
             raise ValueError(f"{value!r} is not an http(s) URL")
         return value.rstrip("/")
+
+    @field_validator("extra_identity_headers")
+    @classmethod
+    def _header_names(cls, value: str) -> str:
+        client_headers.extra_names(value)
+        return value
+
+    @property
+    def identity_headers_added(self) -> tuple[str, ...]:
+        return client_headers.extra_names(self.extra_identity_headers)
 
     @property
     def ads_endpoint(self) -> tuple[str, int]:

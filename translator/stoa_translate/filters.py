@@ -69,6 +69,11 @@ def ext_authz_route(tenant_id: str, api_id: str, route_id: str) -> ext_authz_pb2
     )
 
 
+def no_ext_authz_route() -> ext_authz_pb2.ExtAuthzPerRoute:
+    """For an entry Envoy answers itself (a refusal): nothing to decide."""
+    return ext_authz_pb2.ExtAuthzPerRoute(disabled=True)
+
+
 def virtual_host_configs(policy_set_version: str) -> dict[str, any_pb2.Any]:
     """typed_per_filter_config of the virtual host: what every route shares.
 

@@ -57,6 +57,8 @@ class RouteIR:
     timeout_ms: int  # 0 = the Link's default
     auth_mode: str
     scopes: tuple[str, ...]
+    # The client's Authorization reaches the upstream (only ever removed when the route checks a token).
+    forward_credential: bool = False
     # (kind name, the kind's IR), by kind name: at most one policy of a kind per route.
     policies: tuple[tuple[str, Any], ...] = ()
 
@@ -166,6 +168,7 @@ def _route(route: inventory_pb2.Route, backends: dict[str, tuple[Backend, str] |
         timeout_ms=route.timeout_ms,
         auth_mode=auth_mode,
         scopes=scopes,
+        forward_credential=route.forward_credential,
     )
 
 

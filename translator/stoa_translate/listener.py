@@ -7,16 +7,21 @@ explained); a policy kind's filter only when some route uses that kind.
 from __future__ import annotations
 
 from envoy.config.accesslog.v3 import accesslog_pb2
+from envoy.config.common.mutation_rules.v3 import mutation_rules_pb2
 from envoy.config.core.v3 import (
     address_pb2,
     base_pb2,
     config_source_pb2,
+    extension_pb2,
     protocol_pb2,
     substitution_format_string_pb2,
 )
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
+from envoy.extensions.http.early_header_mutation.header_mutation.v3 import header_mutation_pb2
+from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import message, wrappers_pb2
+from stoa_proto import client_headers
 from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES
 
 from stoa_translate.filters import (
@@ -53,6 +58,8 @@ def render_listener(site: SiteIR, options: TranslateOptions) -> listener_pb2.Lis
         http_filters=[
             hcm.HttpFilter(name=name, typed_config=packed(config)) for name, config in _chain(site, options)
         ],
+        # Before routing and before any filter, on every route whatever its auth mode.
+        early_header_mutation_extensions=[_strip_client_headers(options)],
         # Hardening: one canonical path for routing, authorization and the upstream.
         normalize_path=wrappers_pb2.BoolValue(value=True),
         merge_slashes=True,
@@ -94,6 +101,26 @@ def render_listener(site: SiteIR, options: TranslateOptions) -> listener_pb2.Lis
                 ]
             )
         ],
+    )
+
+
+def _strip_client_headers(options: TranslateOptions) -> extension_pb2.TypedExtensionConfig:
+    """Remove what `stoa_proto.client_headers` lists (plus the site's extra names), any letter case."""
+    prefixes, names = client_headers.removed(options.extra_identity_headers)
+    matchers = [string_pb2.StringMatcher(prefix=p, ignore_case=True) for p in prefixes]
+    matchers += [string_pb2.StringMatcher(exact=n, ignore_case=True) for n in names]
+    return extension_pb2.TypedExtensionConfig(
+        name="stoa.strip_client_headers",
+        typed_config=packed(
+            header_mutation_pb2.HeaderMutation(
+                mutations=[
+                    mutation_rules_pb2.HeaderMutation(
+                        remove_on_match=mutation_rules_pb2.HeaderMutation.RemoveOnMatch(key_matcher=m)
+                    )
+                    for m in matchers
+                ]
+            )
+        ),
     )
 
 
@@ -149,9 +176,10 @@ def _local_replies() -> hcm.LocalReplyConfig:
     neutral body of a 403 (stoa_proto.bodies, shared with the authorization service) and a bounded
     Retry-After. A 503 the service itself returns carries the same neutral body.
 
-    The first matching mapper wins: the authorization service's own 403 (flagged UAEX) passes as it
-    is; any other local 403 — an address denied by rbac, which carries no response flag — gets the
-    same neutral body instead of Envoy's text naming the filter.
+    The first matching mapper wins: the authorization service's own 403 and 400 (flagged UAEX) pass
+    as they are; any other local 403 — an address denied by rbac, which carries no response flag —
+    and any other local 400 — a path with a hidden dot segment, an escaped slash, a header name with
+    an underscore — get the same neutral body as the service's instead of Envoy's text.
     """
     return hcm.LocalReplyConfig(
         mappers=[
@@ -169,5 +197,7 @@ def _local_replies() -> hcm.LocalReplyConfig:
             ),
             hcm.ResponseMapper(filter=_status_and_flag(403, "UAEX")),
             hcm.ResponseMapper(filter=_status(403), **_json_body(403)),  # type: ignore[arg-type]
+            hcm.ResponseMapper(filter=_status_and_flag(400, "UAEX")),
+            hcm.ResponseMapper(filter=_status(400), **_json_body(400)),  # type: ignore[arg-type]
         ]
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from stoa_proto import client_headers
+
 
 @dataclass(frozen=True)
 class TranslateOptions:
@@ -15,6 +17,9 @@ class TranslateOptions:
     ext_authz_timeout_ms: int = 250
     default_route_timeout_ms: int = 15000
     xff_num_trusted_hops: int = 0
+    # Identity header names (or prefixes ending in "*") this site's upstreams trust, removed on top of
+    # `stoa_proto.client_headers`; lower-case, validated by `client_headers.extra_names`.
+    extra_identity_headers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         try:
@@ -28,6 +33,9 @@ class TranslateOptions:
             raise ValueError(f"ext_authz_timeout_ms {self.ext_authz_timeout_ms} is not in 1..60000")
         if self.default_route_timeout_ms <= 0:
             raise ValueError(f"default_route_timeout_ms {self.default_route_timeout_ms} must be positive")
+        if client_headers.extra_names(",".join(self.extra_identity_headers)) != self.extra_identity_headers:
+            names = self.extra_identity_headers
+            raise ValueError(f"extra_identity_headers {names!r}: not lower-case, or repeated")
         if self.xff_num_trusted_hops < 0:
             raise ValueError(f"xff_num_trusted_hops {self.xff_num_trusted_hops} must not be negative")
 

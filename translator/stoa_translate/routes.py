@@ -7,6 +7,12 @@ prefix wins over its parent whatever the route ids are.
 Rewrite: the matched path_prefix is replaced by the upstream URL's base path —
 `/apis/x/foo` → `/base/foo` and `/apis/x` → `/base` for `http://h/base`; `/apis/x/foo` → `/foo` and
 `/apis/x` → `/` for an upstream without a path. The query string is kept.
+
+Refusal: the first entry answers 400 to a path with a hidden dot segment (`stoa_proto.paths`, the rule
+the authorization service also applies), before any route can match it and without a Check.
+
+Credential: a route that checks a token removes the client's `authorization` before the upstream
+(the router applies it after ext_authz, which has read it), unless the API forwards it.
 """
 
 from __future__ import annotations
@@ -17,8 +23,15 @@ from collections.abc import Mapping
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from google.protobuf import any_pb2, duration_pb2
+from stoa_proto.paths import HIDDEN_DOT_SEGMENT
 
-from stoa_translate.filters import EXT_AUTHZ_FILTER, ext_authz_route, packed, virtual_host_configs
+from stoa_translate.filters import (
+    EXT_AUTHZ_FILTER,
+    ext_authz_route,
+    no_ext_authz_route,
+    packed,
+    virtual_host_configs,
+)
 from stoa_translate.ir import RouteIR, SiteIR
 from stoa_translate.options import TranslateOptions
 from stoa_translate.policies import KINDS
@@ -27,6 +40,8 @@ ROUTE_CONFIG_NAME = "stoa-routes"
 VIRTUAL_HOST_NAME = "stoa"
 # Clients must not be able to pass an "original path" of their choosing to an upstream.
 CLIENT_HEADERS_REMOVED = ("x-envoy-original-path",)
+HIDDEN_DOT_SEGMENT_ROUTE = "stoa-refuse-hidden-dot-segment"
+CREDENTIAL_HEADER = "authorization"
 
 
 # Route → its entries, serialised as a VirtualHost holding only them, for one set of options.
@@ -56,9 +71,21 @@ def render_routes(
     host = config.virtual_hosts.add(name=VIRTUAL_HOST_NAME, domains=["*"])
     for name, per_filter in virtual_host_configs(policy_set_version).items():
         host.typed_per_filter_config[name].CopyFrom(per_filter)
+    host.routes.append(_refuse_hidden_dot_segment())
     # Parsed in place: appending a built virtual host would copy all of its entries once more.
     host.MergeFromString(b"".join(parts))
     return config, rendered
+
+
+def _refuse_hidden_dot_segment() -> route_components_pb2.Route:
+    # No body here: the listener's local-reply mapping gives every Envoy 400 the neutral JSON body.
+    entry = route_components_pb2.Route(
+        name=HIDDEN_DOT_SEGMENT_ROUTE,
+        match=route_components_pb2.RouteMatch(safe_regex=regex_pb2.RegexMatcher(regex=HIDDEN_DOT_SEGMENT)),
+        direct_response=route_components_pb2.DirectResponseAction(status=400),
+    )
+    entry.typed_per_filter_config[EXT_AUTHZ_FILTER].CopyFrom(packed(no_ext_authz_route()))
+    return entry
 
 
 def _methods(route: RouteIR) -> tuple[str, ...]:
@@ -102,6 +129,8 @@ def _entries(route: RouteIR, options: TranslateOptions) -> list[route_components
         entry = route_components_pb2.Route(
             name=f"{route.route_id}:{method or 'ANY'}", match=match, route=action
         )
+        if route.auth_mode != "none" and not route.forward_credential:
+            entry.request_headers_to_remove.append(CREDENTIAL_HEADER)
         for name, config in configs.items():
             entry.typed_per_filter_config[name].CopyFrom(config)
         entries.append(entry)

@@ -14,6 +14,7 @@ from stoa_proto.bodies import DENY_BODIES
 from stoa_translate import TranslateOptions, translate
 from stoa_translate.policies.cors import origin_matcher
 from stoa_translate.refusal import FailureReason, Refusal
+from stoa_translate.routes import HIDDEN_DOT_SEGMENT_ROUTE
 from stoa_translate.snapshot import AUTHZ_POLICY_SET, CLUSTER, ENVOY_TYPES, LISTENER, ROUTE, Snapshot
 
 OPTIONS = TranslateOptions()
@@ -46,9 +47,11 @@ def policy(pid: str, kind: str, config: dict[str, object], applicable: list[str]
 
 
 def entries(snapshot: Snapshot) -> list:
+    """The entries rendered for the inventory's routes (the first entry of all is the path refusal)."""
     (routes,) = snapshot.of(ROUTE)
     (vhost,) = routes.virtual_hosts
-    return list(vhost.routes)
+    assert vhost.routes[0].name == HIDDEN_DOT_SEGMENT_ROUTE
+    return list(vhost.routes[1:])
 
 
 def cluster_of(snapshot: Snapshot) -> dict[str, str]:
@@ -275,15 +278,67 @@ def test_ext_authz_fails_closed_with_the_neutral_body() -> None:
     assert ext_authz.status_on_error.code == 503
     assert ext_authz.grpc_service.envoy_grpc.cluster_name == "stoa-ext-authz"
     assert ext_authz.grpc_service.timeout.ToMilliseconds() == OPTIONS.ext_authz_timeout_ms
-    mapper, authz_403, other_403 = manager.local_reply_config.mappers
+    mapper, authz_403, other_403, authz_400, other_400 = manager.local_reply_config.mappers
     assert mapper.body.inline_string.encode() == DENY_BODIES[503] == DENY_BODIES[403]
-    # The service's own 403 passes untouched; any other local 403 (rbac) gets the neutral body.
+    # The service's own 403 and 400 pass untouched; any other local one gets the neutral body.
     assert not authz_403.HasField("body")
     assert other_403.body.inline_string.encode() == DENY_BODIES[403]
+    assert not authz_400.HasField("body")
+    assert other_400.body.inline_string.encode() == DENY_BODIES[400]
     assert mapper.body_format_override.content_type == "application/json"
     (retry_after,) = mapper.headers_to_add
     assert retry_after.header.key == "retry-after"
     assert 1 <= int(retry_after.header.value) <= 10
+
+
+def test_client_identity_and_override_headers_are_stripped_before_any_filter_in_any_case() -> None:
+    options = TranslateOptions(extra_identity_headers=("x-legacy-user", "x-corp-*"))
+    manager = http_manager(translate(inventory(BASE), options))
+    (early,) = manager.early_header_mutation_extensions
+    mutation = json_format.MessageToDict(early.typed_config)
+    matchers = [m["removeOnMatch"]["keyMatcher"] for m in mutation["mutations"]]
+    assert all(m["ignoreCase"] for m in matchers)
+    prefixes = {m["prefix"] for m in matchers if "prefix" in m}
+    names = {m["exact"] for m in matchers if "exact" in m}
+    assert prefixes == {"x-stoa-", "x-user-", "x-auth-", "x-corp-"}
+    assert {
+        "x-consumer-id",
+        "remote-user",
+        "x-http-method-override",
+        "x-rewrite-url",
+        "x-legacy-user",
+    } <= names
+
+
+@pytest.mark.parametrize("extra", [("X-Upper",), ("bad name",), ("*",), ("a", "a")])
+def test_extra_identity_headers_must_be_distinct_lower_case_names(extra: tuple[str, ...]) -> None:
+    with pytest.raises(ValueError, match=r"extra_identity_headers|not a header name"):
+        TranslateOptions(extra_identity_headers=extra)
+
+
+def test_the_credential_is_removed_upstream_unless_forwarded_or_not_checked() -> None:
+    snapshot = translate(
+        inventory(
+            [
+                route("checked"),
+                route("forwarded", forward_credential=True),
+                route("open", auth_mode="none"),
+            ]
+        ),
+        OPTIONS,
+    )
+    removed = {e.name.split(":")[0]: list(e.request_headers_to_remove) for e in entries(snapshot)}
+    assert removed == {"checked": ["authorization"], "forwarded": [], "open": []}
+
+
+def test_hidden_dot_segments_are_refused_first_without_a_check() -> None:
+    (routes,) = translate(inventory(BASE), OPTIONS).of(ROUTE)
+    refusal = routes.virtual_hosts[0].routes[0]
+    assert refusal.direct_response.status == 400
+    assert re.fullmatch(refusal.match.safe_regex.regex, "/apis/r1/%252e%252e;/admin")
+    per_route = ext_authz_pb2.ExtAuthzPerRoute()
+    refusal.typed_per_filter_config["envoy.filters.http.ext_authz"].Unpack(per_route)
+    assert per_route.disabled
 
 
 def test_listener_hardening_defaults() -> None:

@@ -11,10 +11,20 @@ from stoa_cp.schemas import ApiAuth, ApiFields, ApiIn, ApiOut
 from stoa_cp.store.database import Database
 from stoa_cp.store.publication import bump, bury, lock_tenant
 
-COLUMNS = ("name", "upstream_url", "path_prefix", "methods", "timeout_ms", "auth_mode", "scopes")
+COLUMNS = (
+    "name",
+    "upstream_url",
+    "path_prefix",
+    "methods",
+    "timeout_ms",
+    "auth_mode",
+    "scopes",
+    "forward_credential",
+)
 _SELECT = (
     "SELECT a.api_id, a.tenant_id, a.name, a.upstream_url, a.path_prefix, a.methods, a.timeout_ms,"
-    " a.auth_mode, a.scopes, COALESCE((SELECT array_agg(d.gateway_id ORDER BY d.gateway_id)"
+    " a.auth_mode, a.scopes, a.forward_credential,"
+    " COALESCE((SELECT array_agg(d.gateway_id ORDER BY d.gateway_id)"
     " FROM deployments d WHERE d.api_id = a.api_id), '{}') AS deployed_on FROM apis a"
 )
 
@@ -29,6 +39,7 @@ def columns(api_id: str, body: ApiFields) -> dict[str, Any]:
         "timeout_ms": body.timeout_ms or 0,
         "auth_mode": body.auth.mode,
         "scopes": body.auth.scopes,
+        "forward_credential": body.auth.forward_credential,
     }
 
 
@@ -41,7 +52,11 @@ def _out(row: asyncpg.Record) -> ApiOut:
         path_prefix=row["path_prefix"],
         methods=list(row["methods"]),
         timeout_ms=row["timeout_ms"] or None,
-        auth=ApiAuth(mode=row["auth_mode"], scopes=list(row["scopes"])),
+        auth=ApiAuth(
+            mode=row["auth_mode"],
+            scopes=list(row["scopes"]),
+            forward_credential=row["forward_credential"],
+        ),
         deployed_on=list(row["deployed_on"]),
     )
 
@@ -70,7 +85,7 @@ async def create(db: Database, tenant_id: str, body: ApiIn) -> ApiOut:
         try:
             await conn.execute(
                 "INSERT INTO apis (api_id, tenant_id, name, upstream_url, path_prefix, methods, timeout_ms,"
-                " auth_mode, scopes) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                " auth_mode, scopes, forward_credential) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                 body.api_id,
                 tenant_id,
                 *(values[c] for c in COLUMNS),
@@ -102,7 +117,8 @@ async def update(db: Database, tenant_id: str, api_id: str, body: ApiFields) -> 
         try:
             await conn.execute(
                 "UPDATE apis SET name = $2, upstream_url = $3, path_prefix = $4, methods = $5,"
-                " timeout_ms = $6, auth_mode = $7, scopes = $8, updated_at = now() WHERE api_id = $1",
+                " timeout_ms = $6, auth_mode = $7, scopes = $8, forward_credential = $9, updated_at = now()"
+                " WHERE api_id = $1",
                 api_id,
                 *(values[c] for c in COLUMNS),
             )

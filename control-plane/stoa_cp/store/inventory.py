@@ -30,6 +30,7 @@ _KINDS = {
     "strings": ("array_to_json({0})::text", "cardinality({0}) = 0"),
     "uint32": ("{0}::text", "{0} = 0"),
     "int64": ("'\"' || {0}::text || '\"'", "{0} = 0"),  # proto3 JSON writes int64 as a string
+    "bool": ("to_json({0})::text", "NOT {0}"),
 }
 
 
@@ -62,6 +63,7 @@ SELECT coalesce(string_agg({
             ("timeout_ms", "a.timeout_ms", "uint32"),
             ("auth_mode", "a.auth_mode", "string"),
             ("scopes", "a.scopes", "strings"),
+            ("forward_credential", "a.forward_credential", "bool"),
         )
     )
 }, ',' ORDER BY a.api_id), '') AS json,
