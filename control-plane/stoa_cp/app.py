@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator
 from fastapi import Depends, FastAPI, Request
 
 from stoa_cp import problems, trust
-from stoa_cp.auth import digest
+from stoa_cp.access import Authentication, on_taken
 from stoa_cp.events import InventoryEvents
-from stoa_cp.routers import apis, gateways, health, issuers, link, policies, tenants
+from stoa_cp.principal import Authenticator
+from stoa_cp.problems import Taken
+from stoa_cp.routers import apis, audit, gateways, health, issuers, link, policies, tenants
 from stoa_cp.schemas import unstorable
 from stoa_cp.settings import Settings
 from stoa_cp.store import policies as policy_store
@@ -33,8 +35,8 @@ async def storable_path(request: Request) -> None:
 def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if not settings.admin_tokens:
-            log.warning("STOA_CP_ADMIN_TOKENS is empty: every admin request will be refused")
+        if not settings.admin_tokens and not settings.oidc_issuers:
+            log.warning("no admin token and no trusted issuer: every request on the CP API will be refused")
         app.state.db = await Database.open(
             settings.database_url, settings.pool_min_size, settings.pool_max_size
         )
@@ -66,10 +68,12 @@ def create_app(settings: Settings) -> FastAPI:
         dependencies=[Depends(storable_path)],
     )
     app.state.settings = settings
-    app.state.admin_digests = [digest(token) for token in settings.admin_tokens]
     app.state.inventory_cache = InventoryCache()
     problems.install(app)
-    for module in (tenants, apis, gateways, issuers, link, health):
+    app.add_exception_handler(Taken, on_taken)
+    # Outermost: callers are authenticated before anything reads, limits or parses a body.
+    app.add_middleware(Authentication, authenticator=Authenticator(settings))
+    for module in (tenants, apis, gateways, issuers, link, health, audit):
         app.include_router(module.router)
     app.include_router(policies.tenant_router)
     app.include_router(policies.gateway_router)

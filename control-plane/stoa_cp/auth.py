@@ -1,7 +1,8 @@
-"""Who is calling: admin tokens (settings) and gateway credentials (stored as SHA-256 digests).
+"""Gateway credentials (stored as SHA-256 digests). Principals (tokens with roles) are in
+`stoa_cp.principal`, what each may do in `stoa_cp.access`.
 
-Secrets are compared as digests with hmac.compare_digest and never logged. Each dependency here checks
-a credential; the existence of the resources a path names is checked in `stoa_cp.dependencies`.
+Secrets are compared as digests with hmac.compare_digest and never logged; the existence of the
+resources a path names is checked in `stoa_cp.dependencies`.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from stoa_cp.dependencies import Db
 from stoa_cp.problems import Problem
+from stoa_cp.schemas import unstorable
 from stoa_cp.store import gateways
+from stoa_cp.store.database import Database
 
-_admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken", description="An admin token")
 _gateway_bearer = HTTPBearer(
     auto_error=False, scheme_name="GatewayCredential", description="The gateway's own credential"
 )
@@ -38,31 +39,16 @@ def _unauthorized(message: str) -> Problem:
     return Problem(401, "Unauthorized", [("authorization", message)], headers=_CHALLENGE)
 
 
-async def require_admin_credential(
-    request: Request,
-    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_admin_bearer)],
-) -> None:
-    """401 unless the caller presents one of the admin tokens of the settings."""
-    if creds is None:
-        raise _unauthorized("a Bearer admin token is required")
-    presented = digest(creds.credentials)
-    matched = False
-    for token_digest in request.app.state.admin_digests:
-        # No early exit: the time taken does not depend on which token matched.
-        matched |= hmac.compare_digest(presented, token_digest)
-    if not matched:
-        raise _unauthorized("unknown admin token")
-
-
-async def require_gateway_credential(
-    gateway_id: Annotated[str, Path()],
-    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_gateway_bearer)],
-    db: Db,
-) -> str:
-    """The gateway of the path, when the caller holds its credential (401 none/unknown, 403 another's)."""
-    if creds is None:
+async def gateway_of(db: Database, gateway_id: str, authorization: str | None) -> str:
+    """The gateway of the path, when `authorization` carries its credential (401 none or unknown, 403
+    another gateway's). The authentication middleware runs it before the request body is read."""
+    scheme, _, credential = (authorization or "").strip().partition(" ")
+    credential = credential.strip()
+    if scheme.lower() != "bearer" or not credential:
         raise _unauthorized("a Bearer gateway credential is required")
-    presented = digest(creds.credentials)
+    if unstorable(gateway_id, "gateway_id") is not None:
+        raise _unauthorized("unknown gateway credential")
+    presented = digest(credential)
     stored = await gateways.credential_digest(db, gateway_id)
     if stored is not None and hmac.compare_digest(presented, stored):
         return gateway_id
@@ -71,5 +57,16 @@ async def require_gateway_credential(
     raise _unauthorized("unknown gateway credential")
 
 
-AdminCredential = Depends(require_admin_credential)
+async def require_gateway_credential(
+    request: Request,
+    gateway_id: Annotated[str, Path()],
+    _documented: Annotated[HTTPAuthorizationCredentials | None, Depends(_gateway_bearer)],
+) -> str:
+    """The gateway whose credential the authentication middleware matched (the bearer dependency
+    documents the scheme)."""
+    if getattr(request.state, "gateway_id", None) != gateway_id:
+        raise _unauthorized("a Bearer gateway credential is required")
+    return gateway_id
+
+
 GatewayCredential = Annotated[str, Depends(require_gateway_credential)]

@@ -66,26 +66,31 @@ def check(doc: object, field: str) -> dict[str, Any]:
     return {"keys": keys}
 
 
-async def fetch(uri: str, timeout_s: float) -> dict[str, Any]:
-    """GET the key set at `uri` within `timeout_s`; raise JwksError(field='jwks_uri') on any failure."""
+async def fetch_json(uri: str, timeout_s: float, field: str) -> object:
+    """GET the JSON document at `uri` within `timeout_s` and MAX_JWKS_BYTES; JwksError(field) on failure."""
     try:
         async with (
             httpx.AsyncClient(timeout=timeout_s, follow_redirects=False) as client,
             client.stream("GET", uri, headers={"accept": "application/json"}) as response,
         ):
             if response.status_code != 200:
-                raise JwksError("jwks_uri", f"fetching {uri} answered HTTP {response.status_code}")
+                raise JwksError(field, f"fetching {uri} answered HTTP {response.status_code}")
             body = bytearray()
             async for chunk in response.aiter_bytes():
                 body.extend(chunk)
                 if len(body) > MAX_JWKS_BYTES:
-                    raise JwksError("jwks_uri", f"the document at {uri} exceeds {MAX_JWKS_BYTES} bytes")
+                    raise JwksError(field, f"the document at {uri} exceeds {MAX_JWKS_BYTES} bytes")
     except httpx.HTTPError as exc:
-        raise JwksError("jwks_uri", f"fetching {uri} failed: {type(exc).__name__} {exc}".strip()) from None
+        raise JwksError(field, f"fetching {uri} failed: {type(exc).__name__} {exc}".strip()) from None
     try:
-        doc = json.loads(bytes(body))
+        return json.loads(bytes(body))
     except ValueError:
-        raise JwksError("jwks_uri", f"the document at {uri} is not JSON") from None
+        raise JwksError(field, f"the document at {uri} is not JSON") from None
+
+
+async def fetch(uri: str, timeout_s: float) -> dict[str, Any]:
+    """GET the key set at `uri` within `timeout_s`; raise JwksError(field='jwks_uri') on any failure."""
+    doc = await fetch_json(uri, timeout_s, "jwks_uri")
     try:
         return check(doc, "jwks")
     except JwksError as exc:

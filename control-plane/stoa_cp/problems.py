@@ -68,6 +68,17 @@ def conflict(field: str, value: str) -> Problem:
     return Problem(409, "Conflict", [(field, f"{field} {value!r} already exists")])
 
 
+class Taken(Problem):
+    """A conflict on an id unique across tenants (api_id, policy_id, path_prefix). Whose object holds
+    it decides what the caller may learn: `stoa_cp.access` answers it."""
+
+    def __init__(self, field: str, value: str, holder_tenant: str | None) -> None:
+        super().__init__(409, "Conflict", [(field, f"{field} {value!r} already exists")])
+        self.field = field
+        self.value = value
+        self.holder_tenant = holder_tenant
+
+
 def field_path(loc: Sequence[str | int]) -> str:
     """('body', 'config', 'allowedOrigins', 1) -> 'config.allowedOrigins[1]'."""
     parts = list(loc)

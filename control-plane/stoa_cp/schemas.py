@@ -250,3 +250,19 @@ class IssuerOut(BaseModel):
 
 class IssuerRefreshed(IssuerOut):
     changed: bool
+
+
+# -- audit --------------------------------------------------------------------------------------
+class AuditEntry(BaseModel):
+    id: int
+    at: datetime
+    subject: str
+    role: str
+    actor_tenant: str | None = Field(description="The tenant the caller is confined to, if any")
+    issuer: str = Field(description="The token's issuer, or `static-admin-token`")
+    method: str
+    path: str
+    status: int = Field(description="The HTTP status the write was answered with")
+    tenant_id: str | None = Field(description="The tenant whose object was written (none: platform)")
+    object_ids: dict[str, str]
+    generations: dict[str, int] = Field(description="Gateway id → the generation this write produced")

@@ -1,19 +1,33 @@
-"""CP settings, read from `STOA_CP_*` environment variables."""
+"""CP settings, read from `STOA_CP_*` environment variables plus `STOA_ENV`."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def _split(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STOA_CP_", extra="ignore")
 
+    env: Literal["development", "production"] = Field(
+        default="development", validation_alias=AliasChoices("STOA_ENV")
+    )
     database_url: str = Field(description="PostgreSQL DSN (postgresql://user:pass@host:port/db)")
-    # Comma-separated in the environment. Empty means no admin request is ever accepted (fail closed).
+    # Comma-separated in the environment. Bootstrap only: refused with STOA_ENV=production.
     admin_tokens: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Comma-separated issuer URLs whose tokens the CP API accepts (keys found through OIDC discovery).
+    oidc_issuers: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    oidc_audience: str = "stoa-cp"
+    roles_claim: str = Field(default="stoa_roles", min_length=1)
+    tenant_claim: str = Field(default="tenant_id", min_length=1)
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     jwks_fetch_timeout_s: float = Field(default=3.0, gt=0, le=60)
@@ -23,9 +37,25 @@ class Settings(BaseSettings):
     pool_max_size: int = Field(default=10, ge=1)
     log_level: str = "info"
 
-    @field_validator("admin_tokens", mode="before")
+    @field_validator("admin_tokens", "oidc_issuers", mode="before")
     @classmethod
-    def _split_tokens(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [token.strip() for token in value.split(",") if token.strip()]
+    def _split_lists(cls, value: object) -> object:
+        return _split(value)
+
+    @field_validator("oidc_issuers")
+    @classmethod
+    def _issuer_urls(cls, value: list[str]) -> list[str]:
+        for issuer in value:
+            if not issuer.startswith(("https://", "http://")):
+                raise ValueError(f"{issuer!r} is not an http(s) issuer URL")
         return value
+
+    @model_validator(mode="after")
+    def _production(self) -> Settings:
+        # A shared static secret names nobody: production callers carry their own identity.
+        if self.env == "production" and self.admin_tokens:
+            raise ValueError(
+                "STOA_CP_ADMIN_TOKENS is for bootstrap only and is refused with STOA_ENV=production;"
+                " give platform admins tokens from a trusted issuer (STOA_CP_OIDC_ISSUERS)"
+            )
+        return self

@@ -15,6 +15,7 @@ import uvicorn
 from stoa_cp.app import create_app
 from stoa_cp.settings import Settings
 from stoa_harness.cp_client import AsyncCPClient
+from stoa_harness.idp import DevIdentityProvider
 from stoa_harness.postgres import EmbeddedPostgres
 from stoa_harness.wait import GiveUp, wait_until_async
 
@@ -29,6 +30,13 @@ def uid(prefix: str) -> str:
 def pg() -> Iterator[EmbeddedPostgres]:
     with EmbeddedPostgres() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def idp() -> Iterator[DevIdentityProvider]:
+    """The identity provider every test CP trusts (tokens per role: `idp.role_token(...)`)."""
+    with DevIdentityProvider(alg="ES256") as provider:
+        yield provider
 
 
 @dataclass
@@ -49,9 +57,10 @@ class RunningCP:
         return AsyncCPClient(self.url, token, gateway_id=gateway_id)
 
     def gateway(self, credential: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=self.url, headers={"authorization": f"Bearer {credential}"}, timeout=10
-        )
+        return self.bearer(credential)
+
+    def bearer(self, token: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {token}"}, timeout=10)
 
     async def stop(self) -> None:
         self.server.should_exit = True
@@ -80,8 +89,10 @@ async def start_cp(dsn: str, **overrides: object) -> RunningCP:
 
 
 @pytest.fixture(scope="module")
-async def cp(pg: EmbeddedPostgres) -> AsyncIterator[RunningCP]:
-    running = await start_cp(pg.create_database(f"cp_{uuid.uuid4().hex[:12]}"), sse_ping_s=0.5)
+async def cp(pg: EmbeddedPostgres, idp: DevIdentityProvider) -> AsyncIterator[RunningCP]:
+    running = await start_cp(
+        pg.create_database(f"cp_{uuid.uuid4().hex[:12]}"), sse_ping_s=0.5, oidc_issuers=[idp.issuer]
+    )
     yield running
     await running.stop()
 

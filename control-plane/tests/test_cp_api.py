@@ -40,7 +40,8 @@ async def test_admin_endpoints_refuse_without_the_admin_token(cp, authorization)
     async with httpx.AsyncClient(base_url=cp.url, headers=headers) as client:
         response = await client.post("/v1/tenants", json={"tenant_id": "sneaky", "name": "x"})
         assert response.status_code == 401
-        assert response.headers["www-authenticate"] == "Bearer"
+        challenge = 'Bearer error="invalid_token"' if authorization == "Bearer wrong-token" else "Bearer"
+        assert response.headers["www-authenticate"] == challenge
         assert problem_fields(response) == ["authorization"]
     async with cp.admin() as admin:
         tenants = (await admin.get("/v1/tenants")).json()
@@ -191,7 +192,6 @@ async def test_malformed_json_is_422_naming_the_field(api, body, field) -> None:
         ("PUT", "/v1/gateways/{gateway}/deployments/a%00b", "api_id"),
         ("DELETE", "/v1/tenants/{tenant}/issuers/a%00b", "issuer_id"),
         ("GET", "/v1/tenants/{tenant}/policies/a%00b", "policy_id"),
-        ("GET", "/v1/gateways/a%00b/config", "gateway_id"),
     ],
 )
 async def test_an_id_the_store_cannot_hold_is_422_naming_it(api, method, path, field) -> None:

@@ -95,6 +95,9 @@ def usage(estate: Estate, info: dict[str, Any]) -> str:
             "  # a fresh token from the dev identity provider:",
             f"  curl -s -X POST {info['token_url']} -d grant_type=client_credentials "
             f"-d tenant={DEMO_TENANT} -d scope={DEMO_SCOPE}",
+            "  # a control-plane token (role platform_admin | tenant_admin with tenant | viewer):",
+            f"  curl -s -X POST {info['token_url']} -d grant_type=client_credentials "
+            f"-d role=tenant_admin -d tenant={DEMO_TENANT}",
         ]
     else:
         lines.append(f"  curl -i {url}")
@@ -162,7 +165,12 @@ def run(args: argparse.Namespace) -> int:
             options = EstateOptions(authz=args.authz)
             if args.authz == "service":
                 idp = stack.enter_context(DevIdentityProvider(audience=AUDIENCE))
-                options = EstateOptions(authz="service", authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE})
+                # The CP API trusts the dev identity provider too: tokens per role from its token endpoint.
+                options = EstateOptions(
+                    authz="service",
+                    authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE},
+                    cp_env={"STOA_CP_OIDC_ISSUERS": idp.issuer},
+                )
             estate = stack.enter_context(Estate(options, run_dir=run_dir))
             info = describe(estate, seed_demo(estate, idp))
             supervisor = Supervisor(estate.processes(), log=lambda line: print(line, flush=True))

@@ -1,6 +1,7 @@
 """Development identity provider: OIDC discovery, JWKS and a client-credentials token endpoint that
-mints tokens with the tenant, scopes, subject and audience the caller asks for. For development and
-tests only (started by the harness and `make run`, never by a service).
+mints tokens with the tenant, scopes, subject and audience the caller asks for; with a `role`
+(platform_admin, tenant_admin + tenant, viewer) it mints a control-plane token carrying that role.
+For development and tests only (started by the harness and `make run`, never by a service).
 
 Key rotation keeps serving the previous public key, so tokens minted before a rotation stay valid
 until they expire while tokens after it carry the new `kid`. Helpers mint deliberately bad tokens.
@@ -28,6 +29,10 @@ from stoa_harness.lifecycle import Lifecycle
 
 Algorithm = Literal["RS256", "ES256"]
 DEFAULT_LIFETIME_S = 300
+# Tokens for the control plane's API: its roles claim and its default audience (STOA_CP_*).
+CP_ROLES = ("platform_admin", "tenant_admin", "viewer")
+CP_ROLES_CLAIM = "stoa_roles"
+CP_AUDIENCE = "stoa-cp"
 
 
 def _b64(data: bytes) -> str:
@@ -133,6 +138,13 @@ class DevIdentityProvider(Lifecycle):
     def mint(self, **kwargs: Any) -> str:
         return self.sign(self.claims(**kwargs))
 
+    def role_token(self, role: str, tenant: str | None = None, sub: str | None = None, **kwargs: Any) -> str:
+        """A control-plane token: `role` in the roles claim, the tenant claim only when given."""
+        if role not in CP_ROLES:
+            raise ValueError(f"role must be one of {', '.join(CP_ROLES)}")
+        kwargs.setdefault("audience", CP_AUDIENCE)
+        return self.mint(tenant=tenant, sub=sub or f"dev-{role}", **{CP_ROLES_CLAIM: [role]}, **kwargs)
+
     # Deliberately bad tokens, for tests.
     def expired(self, **kwargs: Any) -> str:
         claims = self.claims(**kwargs)
@@ -200,12 +212,25 @@ class DevIdentityProvider(Lifecycle):
             if form["grant_type"] != "client_credentials":
                 return JSONResponse({"error": "unsupported_grant_type"}, status_code=400)
             scope = form.get("scope", "")
-            access_token = self.mint(
-                tenant=form.get("tenant", "demo"),
-                scope=scope,
-                sub=form.get("sub", "dev-client"),
-                audience=form.get("audience") or None,
-            )
+            role = form.get("role")
+            if role is not None:
+                # A control-plane token: a tenant admin needs its tenant; no default tenant otherwise.
+                if role not in CP_ROLES or (role == "tenant_admin" and not form.get("tenant")):
+                    return JSONResponse({"error": "invalid_request"}, status_code=400)
+                access_token = self.role_token(
+                    role,
+                    tenant=form.get("tenant") or None,
+                    sub=form.get("sub") or None,
+                    scope=scope,
+                    audience=form.get("audience") or CP_AUDIENCE,
+                )
+            else:
+                access_token = self.mint(
+                    tenant=form.get("tenant", "demo"),
+                    scope=scope,
+                    sub=form.get("sub", "dev-client"),
+                    audience=form.get("audience") or None,
+                )
             return JSONResponse(
                 {
                     "access_token": access_token,

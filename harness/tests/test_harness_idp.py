@@ -114,3 +114,28 @@ def test_bad_tokens_are_bad_in_the_named_way(idp):
     for token in (idp.alg_none(), idp.hs256_with_public_key()):
         with pytest.raises(JoseError):
             verify(idp, token)
+
+
+@pytest.mark.parametrize(
+    ("form", "roles", "tenant"),
+    [
+        ({"role": "platform_admin"}, ["platform_admin"], None),
+        ({"role": "tenant_admin", "tenant": "acme"}, ["tenant_admin"], "acme"),
+        ({"role": "viewer"}, ["viewer"], None),
+        ({"role": "viewer", "tenant": "acme"}, ["viewer"], "acme"),
+    ],
+)
+def test_token_endpoint_mints_a_control_plane_token_per_role(idp, form, roles, tenant):
+    reply = httpx.post(idp.token_url, data={"grant_type": "client_credentials", **form})
+    assert reply.status_code == 200, reply.text
+    claims = verify(idp, reply.json()["access_token"])
+    assert claims["stoa_roles"] == roles
+    assert claims.get("tenant_id") == tenant
+    assert claims["aud"] == "stoa-cp"
+
+
+@pytest.mark.parametrize("form", [{"role": "tenant_admin"}, {"role": "owner"}], ids=["no-tenant", "unknown"])
+def test_token_endpoint_refuses_a_role_it_cannot_mint(idp, form):
+    reply = httpx.post(idp.token_url, data={"grant_type": "client_credentials", **form})
+    assert reply.status_code == 400
+    assert reply.json()["error"] == "invalid_request"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from stoa_cp.auth import AdminCredential
+from stoa_cp.access import TenantScope
 from stoa_cp.dependencies import Db, ExistingTenant
 from stoa_cp.problems import PROBLEM_RESPONSES, invalid
 from stoa_cp.schemas import ApiIn, ApiOut, ApiUpdate
@@ -11,7 +11,7 @@ from stoa_cp.store import apis
 router = APIRouter(
     prefix="/v1/tenants/{tenant_id}/apis",
     tags=["apis"],
-    dependencies=[AdminCredential],
+    dependencies=[TenantScope],
     responses=PROBLEM_RESPONSES,
 )
 

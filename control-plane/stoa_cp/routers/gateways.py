@@ -2,18 +2,19 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from stoa_cp.auth import AdminCredential, new_credential
+from stoa_cp.access import AnyCaller, ApiScope, Caller, PlatformScope
+from stoa_cp.auth import new_credential
 from stoa_cp.dependencies import Db, ExistingGateway
 from stoa_cp.problems import PROBLEM_RESPONSES
 from stoa_cp.schemas import DeploymentOut, GatewayCreated, GatewayIn, GatewayOut, GatewayStatus
 from stoa_cp.store import deployments, gateways
 
 router = APIRouter(
-    prefix="/v1/gateways", tags=["gateways"], dependencies=[AdminCredential], responses=PROBLEM_RESPONSES
+    prefix="/v1/gateways", tags=["gateways"], dependencies=[AnyCaller], responses=PROBLEM_RESPONSES
 )
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, dependencies=[PlatformScope])
 async def create_gateway(body: GatewayIn, db: Db) -> GatewayCreated:
     """Register a gateway at generation 1; the credential is returned once and stored only hashed."""
     credential, credential_digest = new_credential()
@@ -31,23 +32,30 @@ async def get_gateway(gateway_id: str, db: Db) -> GatewayOut:
 
 
 @router.get("/{gateway_id}/deployments")
-async def list_deployments(gateway_id: ExistingGateway, db: Db) -> list[str]:
-    return await deployments.list_for(db, gateway_id)
+async def list_deployments(gateway_id: ExistingGateway, db: Db, principal: Caller) -> list[str]:
+    """The APIs deployed on the gateway (a tenant-bound caller's own only)."""
+    return await deployments.list_for(db, gateway_id, principal.tenant)
 
 
-@router.put("/{gateway_id}/deployments/{api_id}")
+@router.put("/{gateway_id}/deployments/{api_id}", dependencies=[ApiScope])
 async def deploy(gateway_id: str, api_id: str, db: Db) -> DeploymentOut:
     """Activate an API on a gateway (idempotent: deploying a deployed API changes nothing)."""
     return await deployments.deploy(db, gateway_id, api_id)
 
 
-@router.delete("/{gateway_id}/deployments/{api_id}")
+@router.delete("/{gateway_id}/deployments/{api_id}", dependencies=[ApiScope])
 async def undeploy(gateway_id: str, api_id: str, db: Db) -> DeploymentOut:
     """Deactivate an API on a gateway: the route leaves through a tombstone in a new generation."""
     return await deployments.undeploy(db, gateway_id, api_id)
 
 
 @router.get("/{gateway_id}/status")
-async def gateway_status(gateway_id: str, db: Db) -> GatewayStatus:
-    """Sync state, always about the desired generation: a report for an older one never makes it SYNCED."""
-    return await gateways.status(db, gateway_id)
+async def gateway_status(gateway_id: str, db: Db, principal: Caller) -> GatewayStatus:
+    """Sync state, always about the desired generation: a report for an older one never makes it SYNCED.
+
+    The gateway-wide detail (Envoy's error text, which may name any tenant's routes) is platform-level:
+    a tenant-bound caller gets the state and the report's reason without it."""
+    status = await gateways.status(db, gateway_id)
+    if principal.tenant is not None and status.last_report is not None:
+        status.last_report.detail = ""
+    return status

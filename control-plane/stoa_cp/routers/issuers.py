@@ -3,7 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from stoa_cp import trust
-from stoa_cp.auth import AdminCredential
+from stoa_cp.access import TenantScope
 from stoa_cp.dependencies import Db, ExistingTenant
 from stoa_cp.problems import PROBLEM_RESPONSES, not_found
 from stoa_cp.schemas import IssuerIn, IssuerOut, IssuerRefreshed
@@ -12,7 +12,7 @@ from stoa_cp.store import issuers
 router = APIRouter(
     prefix="/v1/tenants/{tenant_id}/issuers",
     tags=["issuers"],
-    dependencies=[AdminCredential],
+    dependencies=[TenantScope],
     responses=PROBLEM_RESPONSES,
 )
 

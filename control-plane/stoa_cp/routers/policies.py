@@ -7,7 +7,7 @@ from typing import TypeVar
 from fastapi import APIRouter, Response
 
 from stoa_cp import policy_config
-from stoa_cp.auth import AdminCredential
+from stoa_cp.access import PlatformScope, TenantScope
 from stoa_cp.dependencies import Db, ExistingGateway, ExistingTenant
 from stoa_cp.problems import PROBLEM_RESPONSES, invalid
 from stoa_cp.schemas import (
@@ -26,13 +26,13 @@ PolicyFields = TypeVar("PolicyFields", TenantPolicyFields, GatewayPolicyFields)
 tenant_router = APIRouter(
     prefix="/v1/tenants/{tenant_id}/policies",
     tags=["policies"],
-    dependencies=[AdminCredential],
+    dependencies=[TenantScope],
     responses=PROBLEM_RESPONSES,
 )
 gateway_router = APIRouter(
     prefix="/v1/gateways/{gateway_id}/policies",
     tags=["policies"],
-    dependencies=[AdminCredential],
+    dependencies=[PlatformScope],
     responses=PROBLEM_RESPONSES,
 )
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import asyncpg
 
-from stoa_cp.problems import conflict, not_found
+from stoa_cp.problems import Taken, not_found
 from stoa_cp.schemas import ApiAuth, ApiFields, ApiIn, ApiOut
 from stoa_cp.store.database import Database
 from stoa_cp.store.publication import bump, bury, lock_tenant
@@ -61,10 +61,20 @@ def _out(row: asyncpg.Record) -> ApiOut:
     )
 
 
-def unique_problem(exc: asyncpg.UniqueViolationError, api_id: str, path_prefix: str) -> Exception:
-    if exc.constraint_name == "apis_path_prefix_key":
-        return conflict("path_prefix", path_prefix)
-    return conflict("api_id", api_id)
+async def _taken(db: Database, exc: asyncpg.UniqueViolationError, api_id: str, path_prefix: str) -> Taken:
+    # Both are unique across tenants; read outside the failed transaction whose API holds the value.
+    field, value = (
+        ("path_prefix", path_prefix) if exc.constraint_name == "apis_path_prefix_key" else ("api_id", api_id)
+    )
+    async with db.connection() as conn:
+        holder = await conn.fetchval(f"SELECT tenant_id FROM apis WHERE {field} = $1", value)  # noqa: S608
+    return Taken(field, value, holder)
+
+
+async def tenant_of(db: Database, api_id: str) -> str | None:
+    async with db.connection() as conn:
+        tenant_id = await conn.fetchval("SELECT tenant_id FROM apis WHERE api_id = $1", api_id)
+    return None if tenant_id is None else str(tenant_id)
 
 
 async def _read(conn: asyncpg.Connection, tenant_id: str, api_id: str, lock: bool = False) -> asyncpg.Record:
@@ -91,7 +101,7 @@ async def create(db: Database, tenant_id: str, body: ApiIn) -> ApiOut:
                 *(values[c] for c in COLUMNS),
             )
         except asyncpg.UniqueViolationError as exc:
-            raise unique_problem(exc, body.api_id, values["path_prefix"]) from None
+            raise await _taken(db, exc, body.api_id, values["path_prefix"]) from None
         return _out(await _read(conn, tenant_id, body.api_id))
 
 
@@ -123,7 +133,7 @@ async def update(db: Database, tenant_id: str, api_id: str, body: ApiFields) -> 
                 *(values[c] for c in COLUMNS),
             )
         except asyncpg.UniqueViolationError as exc:
-            raise unique_problem(exc, api_id, values["path_prefix"]) from None
+            raise await _taken(db, exc, api_id, values["path_prefix"]) from None
         await bump(conn, current["deployed_on"])
         return _out(await _read(conn, tenant_id, api_id))
 

@@ -11,10 +11,14 @@ from stoa_cp.store.policies import refuse_overlaps
 from stoa_cp.store.publication import bump, bury, lock_gateway, lock_tenant, unbury
 
 
-async def list_for(db: Database, gateway_id: str) -> list[str]:
+async def list_for(db: Database, gateway_id: str, tenant_id: str | None = None) -> list[str]:
+    """The APIs deployed on the gateway (of one tenant when `tenant_id` is given)."""
     async with db.connection() as conn:
         rows = await conn.fetch(
-            "SELECT api_id FROM deployments WHERE gateway_id = $1 ORDER BY api_id", gateway_id
+            "SELECT d.api_id FROM deployments d JOIN apis a ON a.api_id = d.api_id"
+            " WHERE d.gateway_id = $1 AND ($2::text IS NULL OR a.tenant_id = $2) ORDER BY d.api_id",
+            gateway_id,
+            tenant_id,
         )
     return [row["api_id"] for row in rows]
 

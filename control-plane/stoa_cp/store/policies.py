@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import asyncpg
 from stoa_translate.policies import ConfigError, UnsupportedKind, accept_json
 
-from stoa_cp.problems import Problem, conflict, not_found
+from stoa_cp.problems import Problem, Taken, not_found
 from stoa_cp.schemas import (
     GatewayPolicyFields,
     GatewayPolicyIn,
@@ -71,6 +71,13 @@ async def _tenant_policy(
     return row
 
 
+async def _taken(db: Database, policy_id: str) -> Taken:
+    # Read outside the failed transaction: policy_id is unique across tenants and gateways.
+    async with db.connection() as conn:
+        holder = await conn.fetchval("SELECT tenant_id FROM policies WHERE policy_id = $1", policy_id)
+    return Taken("policy_id", policy_id, holder)
+
+
 async def create_for_tenant(db: Database, tenant_id: str, body: TenantPolicyIn) -> PolicyOut:
     async with db.transaction() as conn:
         await lock_tenant(conn, tenant_id, "update")
@@ -87,7 +94,7 @@ async def create_for_tenant(db: Database, tenant_id: str, body: TenantPolicyIn) 
                 tenant_id,
             )
         except asyncpg.UniqueViolationError:
-            raise conflict("policy_id", body.policy_id) from None
+            raise await _taken(db, body.policy_id) from None
         gateways = await tenant_gateways(conn, tenant_id)
         await refuse_overlaps(conn, gateways, policy_id=body.policy_id)
         await bump(conn, gateways)
@@ -158,7 +165,7 @@ async def create_for_gateway(db: Database, gateway_id: str, body: GatewayPolicyI
                 gateway_id,
             )
         except asyncpg.UniqueViolationError:
-            raise conflict("policy_id", body.policy_id) from None
+            raise await _taken(db, body.policy_id) from None
         await refuse_overlaps(conn, [gateway_id], policy_id=body.policy_id)
         await bump(conn, [gateway_id])
         return _out(await _gateway_policy(conn, gateway_id, body.policy_id))

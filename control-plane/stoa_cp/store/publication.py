@@ -14,6 +14,7 @@ from typing import Literal
 
 import asyncpg
 
+from stoa_cp import audit
 from stoa_cp.problems import not_found
 
 CHANNEL = "stoa_inventory"
@@ -73,6 +74,7 @@ async def bump(conn: asyncpg.Connection, gateway_ids: Iterable[str]) -> dict[str
 
 
 async def notify(conn: asyncpg.Connection, generations: dict[str, int]) -> None:
+    audit.note_generations(generations)
     if generations:
         await conn.execute(
             "SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload",

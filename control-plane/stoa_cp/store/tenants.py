@@ -20,9 +20,13 @@ async def create(db: Database, body: TenantIn) -> TenantOut:
     return TenantOut(tenant_id=body.tenant_id, name=body.name)
 
 
-async def list_all(db: Database) -> list[TenantOut]:
+async def list_all(db: Database, only: str | None = None) -> list[TenantOut]:
+    """Every tenant, or only the tenant `only`."""
     async with db.connection() as conn:
-        rows = await conn.fetch("SELECT tenant_id, name FROM tenants ORDER BY tenant_id")
+        rows = await conn.fetch(
+            "SELECT tenant_id, name FROM tenants WHERE $1::text IS NULL OR tenant_id = $1 ORDER BY tenant_id",
+            only,
+        )
     return [TenantOut(**dict(row)) for row in rows]
 
 

@@ -1,0 +1,339 @@
+"""Who may do what on the CP API: tokens from a trusted issuer with roles, tenant isolation for every
+resource (another tenant's objects are absent: 404), platform-level objects, authentication before
+any body is read, the static admin token, and the audit log."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from pydantic import ValidationError
+from stoa_cp.settings import Settings
+
+PROBLEM = "application/problem+json"
+REPORT = {"generation": "2", "status": "FAILED", "snapshot_version": "", "reason": "NACK"}
+
+
+@dataclass
+class World:
+    """Two tenants with one of every tenant object each, both deployed on one gateway."""
+
+    a: str
+    b: str
+    a_api: str
+    b_api: str
+    b_prefix: str
+    a_policy: str
+    b_policy: str
+    b_issuer: str
+    gateway: str
+    credential: str
+    gateway_policy: str
+
+
+@pytest.fixture(scope="module")
+async def world(cp, idp) -> World:
+    async with cp.admin() as admin:
+
+        async def ok(method: str, path: str, body: dict | None = None) -> dict:
+            response = await admin.request(method, path, json=body)
+            assert response.is_success, response.text
+            return response.json() if response.content else {}
+
+        ids = {}
+        for side in ("a", "b"):
+            tenant = (await ok("POST", "/v1/tenants", {"tenant_id": f"{side}-{id(idp)}", "name": side}))[
+                "tenant_id"
+            ]
+            ids[side] = tenant
+            api_id = f"{tenant}-orders"
+            await ok(
+                "POST",
+                f"/v1/tenants/{tenant}/apis",
+                {
+                    "api_id": api_id,
+                    "name": "Orders",
+                    "upstream_url": "http://127.0.0.1:9",
+                    "methods": ["GET"],
+                },
+            )
+            ids[f"{side}_api"] = api_id
+            policy = {"policy_id": f"{tenant}-rl", "type": "rate_limit", "scope": "tenant", "targets": []}
+            policy["config"] = {"maxRequests": 5, "intervalSeconds": 1}
+            ids[f"{side}_policy"] = (await ok("POST", f"/v1/tenants/{tenant}/policies", policy))["policy_id"]
+            issuer = {"issuer": f"https://{side}.example", "jwks": idp.jwks()}
+            ids[f"{side}_issuer"] = (await ok("POST", f"/v1/tenants/{tenant}/issuers", issuer))["issuer_id"]
+        gateway = f"gw-{id(idp)}"
+        credential = (await ok("POST", "/v1/gateways", {"gateway_id": gateway, "name": "G"}))["credential"]
+        for api_id in (ids["a_api"], ids["b_api"]):
+            await ok("PUT", f"/v1/gateways/{gateway}/deployments/{api_id}")
+        gp = {"policy_id": f"{gateway}-cors", "type": "cors", "config": {"allowedOrigins": ["*"]}}
+        await ok("POST", f"/v1/gateways/{gateway}/policies", gp)
+    async with cp.gateway(credential) as link:
+        report = {**REPORT, "gateway_id": gateway, "detail": f"route {ids['b_api']} refused"}
+        assert (await link.post(f"/v1/gateways/{gateway}/sync-reports", json=report)).status_code == 202
+    return World(
+        a=ids["a"],
+        b=ids["b"],
+        a_api=ids["a_api"],
+        b_api=ids["b_api"],
+        b_prefix=f"/apis/{ids['b_api']}",
+        a_policy=ids["a_policy"],
+        b_policy=ids["b_policy"],
+        b_issuer=ids["b_issuer"],
+        gateway=gateway,
+        credential=credential,
+        gateway_policy=f"{gateway}-cors",
+    )
+
+
+def fields(response: httpx.Response) -> list[str]:
+    assert response.headers["content-type"].startswith(PROBLEM), response.text
+    return [error["field"] for error in response.json()["errors"]]
+
+
+def api_body(api_id: str, **extra: object) -> dict:
+    return {"api_id": api_id, "name": "X", "upstream_url": "http://127.0.0.1:9", "methods": ["GET"], **extra}
+
+
+def policy_body(policy_id: str) -> dict:
+    config = {"maxRequests": 1, "intervalSeconds": 1}
+    return {"policy_id": policy_id, "type": "rate_limit", "config": config, "scope": "tenant", "targets": []}
+
+
+# Every way a tenant admin of A could reach an object of B: each answers 404, exactly as if absent.
+FOREIGN = [
+    ("GET", "/v1/tenants/{b}/apis", None, "tenant_id"),
+    ("POST", "/v1/tenants/{b}/apis", lambda w: api_body("fresh-1"), "tenant_id"),
+    ("GET", "/v1/tenants/{b}/apis/{b_api}", None, "tenant_id"),
+    ("PUT", "/v1/tenants/{b}/apis/{b_api}", lambda w: api_body(w.b_api), "tenant_id"),
+    ("DELETE", "/v1/tenants/{b}/apis/{b_api}", None, "tenant_id"),
+    ("GET", "/v1/tenants/{a}/apis/{b_api}", None, "api_id"),
+    ("PUT", "/v1/tenants/{a}/apis/{b_api}", lambda w: api_body(w.b_api), "api_id"),
+    ("DELETE", "/v1/tenants/{a}/apis/{b_api}", None, "api_id"),
+    ("POST", "/v1/tenants/{a}/apis", lambda w: api_body(w.b_api), "api_id"),
+    ("POST", "/v1/tenants/{a}/apis", lambda w: api_body("fresh-2", path_prefix=w.b_prefix), "path_prefix"),
+    ("GET", "/v1/tenants/{b}/policies", None, "tenant_id"),
+    ("POST", "/v1/tenants/{b}/policies", lambda w: policy_body("fresh-3"), "tenant_id"),
+    ("GET", "/v1/tenants/{b}/policies/{b_policy}", None, "tenant_id"),
+    ("PUT", "/v1/tenants/{b}/policies/{b_policy}", lambda w: policy_body(w.b_policy), "tenant_id"),
+    ("DELETE", "/v1/tenants/{b}/policies/{b_policy}", None, "tenant_id"),
+    ("GET", "/v1/tenants/{a}/policies/{b_policy}", None, "policy_id"),
+    ("DELETE", "/v1/tenants/{a}/policies/{b_policy}", None, "policy_id"),
+    ("POST", "/v1/tenants/{a}/policies", lambda w: policy_body(w.b_policy), "policy_id"),
+    ("POST", "/v1/tenants/{a}/policies", lambda w: policy_body(w.gateway_policy), "policy_id"),
+    ("GET", "/v1/tenants/{b}/issuers", None, "tenant_id"),
+    (
+        "POST",
+        "/v1/tenants/{b}/issuers",
+        lambda w: {"issuer": "https://x.example", "jwks_uri": "https://x"},
+        "tenant_id",
+    ),
+    ("DELETE", "/v1/tenants/{b}/issuers/{b_issuer}", None, "tenant_id"),
+    ("POST", "/v1/tenants/{b}/issuers/{b_issuer}/refresh", None, "tenant_id"),
+    ("DELETE", "/v1/tenants/{a}/issuers/{b_issuer}", None, "issuer_id"),
+    ("POST", "/v1/tenants/{a}/issuers/{b_issuer}/refresh", None, "issuer_id"),
+    ("PUT", "/v1/gateways/{gateway}/deployments/{b_api}", None, "api_id"),
+    ("DELETE", "/v1/gateways/{gateway}/deployments/{b_api}", None, "api_id"),
+    ("GET", "/v1/audit?tenant={b}", None, "tenant"),
+]
+
+
+async def snapshot(cp, w: World) -> list:
+    async with cp.admin() as admin:
+        paths = [
+            f"/v1/tenants/{w.b}/apis",
+            f"/v1/tenants/{w.b}/policies",
+            f"/v1/tenants/{w.b}/issuers",
+            f"/v1/gateways/{w.gateway}/deployments",
+            f"/v1/gateways/{w.gateway}/policies",
+            f"/v1/gateways/{w.gateway}",
+        ]
+        return [(await admin.get(path)).json() for path in paths]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "field"), FOREIGN)
+async def test_a_tenant_admin_finds_nothing_of_another_tenant(
+    cp, idp, world, method, path, body, field
+) -> None:
+    before = await snapshot(cp, world)
+    async with cp.bearer(idp.role_token("tenant_admin", tenant=world.a)) as client:
+        response = await client.request(
+            method, path.format(**vars(world)), json=body(world) if body else None
+        )
+    assert response.status_code == 404, response.text
+    assert fields(response) == [field]
+    assert await snapshot(cp, world) == before
+
+
+async def test_lists_and_gateway_views_show_a_tenant_its_own_part(cp, idp, world) -> None:
+    async with cp.bearer(idp.role_token("tenant_admin", tenant=world.a)) as client:
+        assert [t["tenant_id"] for t in (await client.get("/v1/tenants")).json()] == [world.a]
+        assert (await client.get(f"/v1/gateways/{world.gateway}/deployments")).json() == [world.a_api]
+        status = (await client.get(f"/v1/gateways/{world.gateway}/status")).json()
+        assert status["last_report"]["reason"] == "NACK"
+        assert status["last_report"]["detail"] == ""
+        assert world.gateway in [g["gateway_id"] for g in (await client.get("/v1/gateways")).json()]
+    async with cp.admin() as admin:
+        assert world.b_api in (await admin.get(f"/v1/gateways/{world.gateway}/status")).text
+        deployed = (await admin.get(f"/v1/gateways/{world.gateway}/deployments")).json()
+        assert {world.a_api, world.b_api} <= set(deployed)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/tenants", {"tenant_id": "nope", "name": "x"}),
+        ("POST", "/v1/gateways", {"gateway_id": "nope", "name": "x"}),
+        ("GET", "/v1/gateways/{gateway}/policies", None),
+        ("GET", "/v1/gateways/{gateway}/policies/{gateway_policy}", None),
+        ("DELETE", "/v1/gateways/{gateway}/policies/{gateway_policy}", None),
+    ],
+)
+async def test_platform_objects_need_a_platform_role(cp, idp, world, method, path, body) -> None:
+    async with cp.bearer(idp.role_token("tenant_admin", tenant=world.a)) as client:
+        response = await client.request(method, path.format(**vars(world)), json=body)
+    assert response.status_code == 403, response.text
+    assert fields(response) == ["authorization"]
+
+
+async def test_a_tenant_admin_manages_its_own_tenant(cp, idp, world) -> None:
+    async with cp.bearer(idp.role_token("tenant_admin", tenant=world.a, sub="alice")) as client:
+        created = await client.post(f"/v1/tenants/{world.a}/apis", json=api_body(f"{world.a}-new"))
+        assert created.status_code == 201, created.text
+        deployed = await client.put(f"/v1/gateways/{world.gateway}/deployments/{world.a}-new")
+        assert deployed.status_code == 200, deployed.text
+        clash = await client.post(f"/v1/tenants/{world.a}/apis", json=api_body(f"{world.a}-new"))
+        assert clash.status_code == 409  # its own object: a plain conflict
+        entries = (await client.get("/v1/audit")).json()
+    assert all(e["tenant_id"] == world.a or e["actor_tenant"] == world.a for e in entries)
+    deploy = next(
+        e for e in entries if e["method"] == "PUT" and e["object_ids"].get("api_id") == f"{world.a}-new"
+    )
+    assert (deploy["subject"], deploy["role"], deploy["actor_tenant"]) == ("alice", "tenant_admin", world.a)
+    assert deploy["generations"] == {world.gateway: deployed.json()["generation"]}
+
+
+async def test_viewers_read_only_and_within_their_tenant(cp, idp, world) -> None:
+    async with cp.bearer(idp.role_token("viewer", tenant=world.a)) as client:
+        assert (await client.get(f"/v1/tenants/{world.a}/apis")).status_code == 200
+        assert (await client.get(f"/v1/tenants/{world.b}/apis")).status_code == 404
+        refused = await client.delete(f"/v1/tenants/{world.a}/apis/{world.a_api}")
+        assert refused.status_code == 403
+        assert (await client.get("/v1/audit")).status_code == 403
+    async with cp.bearer(idp.role_token("viewer")) as client:
+        assert (await client.get(f"/v1/tenants/{world.b}/apis")).status_code == 200
+        assert (await client.get(f"/v1/gateways/{world.gateway}/policies")).status_code == 200
+        assert (await client.post("/v1/tenants", json={"tenant_id": "v", "name": "v"})).status_code == 403
+    async with cp.admin() as admin:
+        assert (await admin.get(f"/v1/tenants/{world.a}/apis/{world.a_api}")).status_code == 200
+
+
+async def test_a_platform_admin_token_does_everything(cp, idp) -> None:
+    async with cp.bearer(idp.role_token("platform_admin", sub="root")) as client:
+        created = await client.post("/v1/tenants", json={"tenant_id": f"p-{id(client)}", "name": "P"})
+        assert created.status_code == 201, created.text
+        assert (
+            await client.get("/v1/audit", params={"tenant": created.json()["tenant_id"]})
+        ).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        lambda idp: idp.other_issuer(stoa_roles=["platform_admin"]),
+        lambda idp: idp.mint(stoa_roles=["platform_admin"]),  # the gateway audience, not the CP's
+        lambda idp: idp.expired(audience="stoa-cp", stoa_roles=["platform_admin"]),
+        lambda idp: idp.bad_signature(audience="stoa-cp", stoa_roles=["platform_admin"]),
+        lambda idp: idp.alg_none(audience="stoa-cp", stoa_roles=["platform_admin"]),
+        lambda idp: idp.hs256_with_public_key(audience="stoa-cp", stoa_roles=["platform_admin"]),
+        lambda idp: "not-a-token",
+    ],
+    ids=["untrusted-issuer", "wrong-audience", "expired", "bad-signature", "alg-none", "hs256", "opaque"],
+)
+async def test_tokens_that_do_not_verify_are_401(cp, idp, token) -> None:
+    async with cp.bearer(token(idp)) as client:
+        response = await client.get("/v1/tenants")
+    assert response.status_code == 401, response.text
+    assert response.headers["www-authenticate"] == 'Bearer error="invalid_token"'
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [{"stoa_roles": []}, {"stoa_roles": ["owner"]}, {"stoa_roles": ["tenant_admin"], "tenant": None}],
+    ids=["no-role", "unknown-role", "tenant-admin-without-tenant"],
+)
+async def test_a_valid_token_without_a_usable_role_is_403(cp, idp, claims) -> None:
+    async with cp.bearer(idp.mint(**{"audience": "stoa-cp", "tenant": None, **claims})) as client:
+        response = await client.get("/v1/tenants")
+    assert response.status_code == 403, response.text
+
+
+async def test_authentication_comes_before_the_body(cp, world) -> None:
+    oversized = b"{" + b" " * (8 * 1024 * 1024) + b"}"
+    async with httpx.AsyncClient(base_url=cp.url, timeout=30) as client:
+        for method, path, content in [
+            ("POST", "/v1/tenants", oversized),
+            ("POST", "/v1/tenants", b"\xff not json"),
+            ("PUT", f"/v1/tenants/{world.a}/apis/{world.a_api}", b"{}"),
+            ("POST", f"/v1/gateways/{world.gateway}/sync-reports", oversized),
+            ("GET", "/v1/no-such-thing", b""),
+        ]:
+            response = await client.request(
+                method, path, content=content, headers={"content-type": "application/json"}
+            )
+            assert response.status_code == 401, (path, response.text)
+            assert response.headers["www-authenticate"] == "Bearer"
+
+
+async def test_credentials_do_not_cross(cp, idp, world) -> None:
+    async with cp.gateway(world.credential) as link:
+        assert (await link.get("/v1/tenants")).status_code == 401
+    async with cp.bearer(idp.role_token("platform_admin")) as client:
+        assert (await client.get(f"/v1/gateways/{world.gateway}/config")).status_code == 401
+
+
+def test_the_static_admin_token_is_refused_in_production() -> None:
+    with pytest.raises(ValidationError, match="STOA_CP_ADMIN_TOKENS"):
+        Settings(database_url="postgresql://x", admin_tokens=["t"], STOA_ENV="production")
+    assert Settings(database_url="postgresql://x", STOA_ENV="production").env == "production"
+
+
+async def test_every_write_is_audited_without_a_secret(cp, idp, world) -> None:
+    token = idp.role_token("platform_admin", sub="auditor")
+    async with cp.bearer(token) as client:
+        before = (await client.get("/v1/audit", params={"limit": 1})).json()[0]["id"]
+        tenant = f"aud-{id(client)}"
+        gateway = f"gw-aud-{id(client)}"
+        writes = [
+            ("POST", "/v1/tenants", {"tenant_id": tenant, "name": "A"}),
+            ("POST", "/v1/gateways", {"gateway_id": gateway, "name": "G"}),
+            ("POST", f"/v1/tenants/{tenant}/apis", api_body(f"{tenant}-x")),
+            ("PUT", f"/v1/gateways/{gateway}/deployments/{tenant}-x", None),
+            ("POST", f"/v1/tenants/{tenant}/policies", policy_body(f"{tenant}-p")),
+            ("POST", f"/v1/tenants/{tenant}/issuers", {"issuer": "https://i.example", "jwks": idp.jwks()}),
+            (
+                "POST",
+                f"/v1/gateways/{gateway}/policies",
+                {"policy_id": f"{gateway}-p", "type": "cors", "config": {"allowedOrigins": ["*"]}},
+            ),
+            ("DELETE", f"/v1/tenants/{tenant}/apis/{tenant}-x", None),
+            ("POST", f"/v1/tenants/{tenant}/apis", {"api_id": "bad id"}),
+        ]
+        answers = [await client.request(m, p, json=b) for m, p, b in writes]
+        credential = answers[1].json()["credential"]
+        entries = (await client.get("/v1/audit", params={"limit": 1000})).json()
+    new = [e for e in reversed(entries) if e["id"] > before and e["subject"] == "auditor"]
+    assert [(e["method"], e["path"], e["status"]) for e in new] == [
+        (m, p, a.status_code) for (m, p, _), a in zip(writes, answers, strict=True)
+    ]
+    assert new[2]["object_ids"] == {"tenant_id": tenant, "api_id": f"{tenant}-x"}
+    assert new[3]["generations"] == {gateway: answers[3].json()["generation"]}
+    assert new[3]["tenant_id"] == tenant
+    assert new[6]["tenant_id"] is None  # a platform object
+    assert set(new[7]["generations"]) == {gateway}
+    dumped = json.dumps(entries)
+    for secret in (token, credential, cp.settings.admin_tokens[0], idp.jwks()["keys"][0]["x"]):
+        assert secret not in dumped
