@@ -173,6 +173,7 @@ class LastReport(BaseModel):
 class InvalidPolicy(BaseModel):
     policy_id: str
     reason: str
+    tenant_id: str | None = Field(description="The policy's tenant; none for a gateway policy")
 
 
 class GatewayStatus(BaseModel):

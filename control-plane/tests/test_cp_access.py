@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import asyncpg
 import httpx
 import pytest
 from pydantic import ValidationError
@@ -169,7 +170,21 @@ async def test_a_tenant_admin_finds_nothing_of_another_tenant(
 
 
 async def test_lists_and_gateway_views_show_a_tenant_its_own_part(cp, idp, world) -> None:
+    # Policies the current rules refuse are listed in the gateway's status: only the caller's own.
+    conn = await asyncpg.connect(cp.dsn)
+    try:
+        await conn.execute(
+            "UPDATE policies SET invalid_reason = 'refused' WHERE policy_id = ANY($1::text[])",
+            [world.a_policy, world.b_policy],
+        )
+    finally:
+        await conn.close()
+    async with cp.admin() as admin:
+        every = (await admin.get(f"/v1/gateways/{world.gateway}/status")).json()["invalid_policies"]
+    assert {world.a_policy, world.b_policy} <= {p["policy_id"] for p in every}
     async with cp.bearer(idp.role_token("tenant_admin", tenant=world.a)) as client:
+        own = (await client.get(f"/v1/gateways/{world.gateway}/status")).json()["invalid_policies"]
+        assert [p["policy_id"] for p in own] == [world.a_policy]
         assert [t["tenant_id"] for t in (await client.get("/v1/tenants")).json()] == [world.a]
         assert (await client.get(f"/v1/gateways/{world.gateway}/deployments")).json() == [world.a_api]
         status = (await client.get(f"/v1/gateways/{world.gateway}/status")).json()

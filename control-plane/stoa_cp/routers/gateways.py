@@ -53,9 +53,11 @@ async def undeploy(gateway_id: str, api_id: str, db: Db) -> DeploymentOut:
 async def gateway_status(gateway_id: str, db: Db, principal: Caller) -> GatewayStatus:
     """Sync state, always about the desired generation: a report for an older one never makes it SYNCED.
 
-    The gateway-wide detail (Envoy's error text, which may name any tenant's routes) is platform-level:
-    a tenant-bound caller gets the state and the report's reason without it."""
+    The gateway-wide detail is platform-level: a tenant-bound caller gets the state, the report's
+    reason without Envoy's text (which may name any tenant's routes) and only its own invalid policies."""
     status = await gateways.status(db, gateway_id)
-    if principal.tenant is not None and status.last_report is not None:
-        status.last_report.detail = ""
+    if principal.tenant is not None:
+        if status.last_report is not None:
+            status.last_report.detail = ""
+        status.invalid_policies = [p for p in status.invalid_policies if p.tenant_id == principal.tenant]
     return status

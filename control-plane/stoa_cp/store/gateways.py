@@ -92,5 +92,5 @@ async def status(db: Database, gateway_id: str) -> GatewayStatus:
         snapshot_version=row["snapshot_version"],
         state=state,
         last_report=LastReport(**last) if last else None,
-        invalid_policies=[InvalidPolicy(policy_id=p, reason=r) for p, r in left_out],
+        invalid_policies=[InvalidPolicy(policy_id=p, reason=r, tenant_id=t) for p, r, t in left_out],
     )

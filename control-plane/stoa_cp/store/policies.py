@@ -288,13 +288,13 @@ async def adopt_typed_configs(conn: asyncpg.Connection) -> int:
     return len(rows)
 
 
-async def invalid_reaching(conn: asyncpg.Connection, gateway_id: str) -> list[tuple[str, str]]:
-    """(policy id, reason) of the invalid policies that would reach the gateway: left out of its
-    inventory, so its status says so."""
+async def invalid_reaching(conn: asyncpg.Connection, gateway_id: str) -> list[tuple[str, str, str | None]]:
+    """(policy id, reason, tenant id or None for a gateway policy) of the invalid policies that would
+    reach the gateway: left out of its inventory, so its status says so."""
     rows = await conn.fetch(
-        "SELECT policy_id, invalid_reason FROM policies WHERE invalid_reason IS NOT NULL AND ("
+        "SELECT policy_id, invalid_reason, tenant_id FROM policies WHERE invalid_reason IS NOT NULL AND ("
         " gateway_id = $1 OR tenant_id IN (SELECT a.tenant_id FROM deployments d JOIN apis a"
         " ON a.api_id = d.api_id WHERE d.gateway_id = $1)) ORDER BY policy_id",
         gateway_id,
     )
-    return [(r["policy_id"], r["invalid_reason"]) for r in rows]
+    return [(r["policy_id"], r["invalid_reason"], r["tenant_id"]) for r in rows]
