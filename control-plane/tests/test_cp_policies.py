@@ -199,20 +199,13 @@ async def test_attribution_and_reach(api, layout, how, expected) -> None:
     before = await api.generations(*(layout[g] for g in gateways))
     config = {"maxRequests": 5, "intervalSeconds": 1}
     if kind == "gateway":
-        path = f"/v1/gateways/{layout[owner]}/policies"
-        body = {"policy_id": policy_id, "type": "rate_limit", "config": config}
+        owned: dict = {"tenant_id": None, "gateway_id": layout[owner]}
+        placement: dict = {}
     else:
-        path = f"/v1/tenants/{layout['t' + owner.lower()]}/policies"
+        owned = {"tenant_id": layout["t" + owner.lower()]}
         names = [n for n in targets.strip("[]").split(", ") if n]
-        body = {
-            "policy_id": policy_id,
-            "type": "rate_limit",
-            "config": config,
-            "scope": kind,
-            "targets": [layout[n] for n in names],
-        }
-    created = await api.admin.post(path, json=body)
-    assert created.status_code == 201, created.text
+        placement = {"scope": kind, "targets": [layout[n] for n in names]}
+    await api.client.create_policy(policy_id, "rate_limit", config, **owned, **placement)
 
     after = await api.generations(*(layout[g] for g in gateways))
     for g, b, a in zip(gateways, before, after, strict=True):
@@ -226,13 +219,12 @@ async def test_attribution_and_reach(api, layout, how, expected) -> None:
         (policy,) = listed
         assert policy["applicable"] == sorted(layout[n] for n in expected[g]), g
         assert policy["scope"] == kind
-        assert policy["targets"] == sorted(body.get("targets", []))
+        assert policy["targets"] == sorted(placement.get("targets", []))
         assert policy["tenant_id"] == ("" if kind == "gateway" else layout["t" + owner.lower()])
         assert policy["rate_limit"] == {"max_requests": 5, "interval_seconds": 1}
 
     # Delete bumps the same gateways once more.
-    delete_path = f"{path}/{policy_id}"
-    assert (await api.admin.delete(delete_path)).status_code == 204
+    await api.client.delete_policy(policy_id, **owned)
     final = await api.generations(*(layout[g] for g in gateways))
     assert [f - a for f, a in zip(final, after, strict=True)] == [
         0 if expected[g] is None else 1 for g in gateways
@@ -243,9 +235,7 @@ async def test_policy_update_bumps_once_and_identical_update_not_at_all(api, lay
     ta = layout["ta"]
     policy_id = api.uid("p")
     body = {"type": "cors", "config": {"allowedOrigins": ["https://a.example.com"]}, "scope": "tenant"}
-    assert (
-        await api.admin.post(f"/v1/tenants/{ta}/policies", json={"policy_id": policy_id, **body})
-    ).status_code == 201
+    await api.client.create_policy(policy_id, "cors", body["config"], tenant_id=ta, scope="tenant")
     before = await api.generations(layout["g1"], layout["g3"])
     assert (await api.admin.put(f"/v1/tenants/{ta}/policies/{policy_id}", json=body)).status_code == 200
     assert await api.generations(layout["g1"], layout["g3"]) == before
@@ -261,9 +251,7 @@ async def test_policy_update_bumps_once_and_identical_update_not_at_all(api, lay
     gw_policy = api.uid("p")
     g4 = layout["g4"]
     gw_body = {"type": "ip_filter", "config": {"mode": "deny", "ip_list": ["10.0.0.0/8"]}}
-    assert (
-        await api.admin.post(f"/v1/gateways/{g4}/policies", json={"policy_id": gw_policy, **gw_body})
-    ).status_code == 201
+    await api.client.create_policy(gw_policy, "ip_filter", gw_body["config"], tenant_id=None, gateway_id=g4)
     g4_gen = await api.generation(g4)
     assert (await api.admin.put(f"/v1/gateways/{g4}/policies/{gw_policy}", json=gw_body)).status_code == 200
     assert await api.generation(g4) == g4_gen
@@ -278,13 +266,8 @@ async def test_policy_update_bumps_once_and_identical_update_not_at_all(api, lay
 async def test_deploying_a_tenants_first_route_brings_its_policies(api, layout) -> None:
     ta, g4 = layout["ta"], layout["g4"]
     policy_id = api.uid("p")
-    body = {
-        "policy_id": policy_id,
-        "type": "rate_limit",
-        "config": {"maxRequests": 1, "intervalSeconds": 1},
-        "scope": "tenant",
-    }
-    assert (await api.admin.post(f"/v1/tenants/{ta}/policies", json=body)).status_code == 201
+    config = {"maxRequests": 1, "intervalSeconds": 1}
+    await api.client.create_policy(policy_id, "rate_limit", config, tenant_id=ta, scope="tenant")
     inv = await api.inventory(g4, layout["creds"]["g4"])
     assert [p["policy_id"] for p in inv["policies"]] == []
     await api.deploy(g4, layout["a3"])
