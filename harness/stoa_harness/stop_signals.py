@@ -30,8 +30,9 @@ from typing import Any, Self
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class StopRequested(Exception):
-    """A stop signal arrived while the launcher was still starting."""
+class StopRequested(BaseException):
+    """A stop signal arrived while the launcher was still starting. A BaseException, as
+    KeyboardInterrupt is: code that retries on any Exception (a readiness poll) must not swallow it."""
 
     def __init__(self, signum: int) -> None:
         self.signum = signum

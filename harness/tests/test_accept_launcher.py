@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,7 @@ import httpx
 import pytest
 from stoa_harness.processes import stop_group
 from stoa_harness.site import console_script
-from stoa_harness.wait import wait_until
+from stoa_harness.wait import GiveUp, wait_until
 
 START_TIMEOUT_S = 180.0
 RECOVERY_TIMEOUT_S = 60.0
@@ -47,6 +49,12 @@ class Launcher:
     def output(self) -> str:
         return (self.cwd / "launcher.log").read_text(errors="replace")
 
+    def check_running(self) -> bool:
+        """True while the launcher runs; GiveUp (with its output) once it has exited."""
+        if self.proc.poll() is not None:
+            raise GiveUp(f"stoa-estate run exited with {self.proc.returncode}:\n{self.output()}")
+        return True
+
 
 def alive(pid: int) -> bool:
     """Whether `pid` is a live process (a zombie waiting to be reaped is not)."""
@@ -57,9 +65,9 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def processes_mentioning(text: str) -> list[str]:
-    """Live processes whose command line holds `text` (the launcher's directory)."""
-    found = []
+def processes_mentioning(text: str) -> dict[int, str]:
+    """Live processes (pid: command line) whose command line holds `text` (the launcher's directory)."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -68,43 +76,80 @@ def processes_mentioning(text: str) -> list[str]:
         except OSError:
             continue
         if text in cmdline and alive(int(entry.name)):
-            found.append(f"{entry.name}: {cmdline}")
+            found[int(entry.name)] = cmdline
     return found
 
 
-@pytest.fixture(scope="module")
-def launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
-    cwd = tmp_path_factory.mktemp("launcher")
+def stop_leftovers(launcher: Launcher) -> None:
+    """Stop whatever is left (after a failure only, when the test passed), by PID, and remove the
+    launcher's directory."""
+    if launcher.proc.poll() is None:
+        stop_group(launcher.proc, 30)
+    for pid in processes_mentioning(str(launcher.cwd)):
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(launcher.cwd, ignore_errors=True)
+
+
+def launch() -> Launcher:
+    """`stoa-estate run` in a directory of its own, in its own session. Its temporary files
+    (PostgreSQL's data directory among them) go under that directory too, so every process it
+    starts names the directory on its command line. Not under pytest's temporary directory: the
+    PostgreSQL user must be able to reach it."""
+    cwd = Path(tempfile.mkdtemp(prefix="stoa-launcher-"))
+    cwd.chmod(0o711)
+    (cwd / "tmp").mkdir(mode=0o711)
     with (cwd / "launcher.log").open("wb") as log:
         proc = subprocess.Popen(
             [console_script("stoa-estate"), "run"],
             cwd=cwd,
+            env={**os.environ, "TMPDIR": str(cwd / "tmp")},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    running = Launcher(proc, cwd)
-    recorded: dict[str, int] = {}
+    return Launcher(proc, cwd)
+
+
+@pytest.fixture(scope="module")
+def launcher() -> Iterator[Launcher]:
+    running = launch()
     try:
-
-        def up() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"stoa-estate run exited with {proc.returncode}:\n{running.output()}")
-            return running.state_file.exists()
-
-        wait_until(up, START_TIMEOUT_S, "stoa-estate run to write .stoa/estate.json")
-        recorded = running.pids()
+        wait_until(
+            lambda: running.check_running() and running.state_file.exists(),
+            START_TIMEOUT_S,
+            "stoa-estate run to write .stoa/estate.json",
+        )
         yield running
     finally:
-        # Only after a failure is anything left: stop it by PID (each child leads its own group).
-        if proc.poll() is None:
-            stop_group(proc, 30)
-        if running.state_file.exists():
-            recorded.update(running.pids())
-        for pid in recorded.values():
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        stop_leftovers(running)
+
+
+@pytest.fixture
+def starting() -> Iterator[Launcher]:
+    running = launch()
+    try:
+        yield running
+    finally:
+        stop_leftovers(running)
+
+
+def test_stop_signals_during_start_up_stop_what_was_started(starting: Launcher) -> None:
+    where = str(starting.cwd)
+    # Start-up is under way once a process it started runs (PostgreSQL's come first).
+    wait_until(
+        lambda: starting.check_running() and processes_mentioning(where),
+        START_TIMEOUT_S,
+        "a process started by the launcher",
+        interval=0.005,
+    )
+    os.killpg(starting.proc.pid, signal.SIGTERM)
+    os.killpg(starting.proc.pid, signal.SIGTERM)
+    code = starting.proc.wait(timeout=STOP_TIMEOUT_S)
+    assert code == 128 + signal.SIGTERM, starting.output()
+    assert "stopped by SIGTERM during start-up" in starting.output()
+    assert wait_until(lambda: not processes_mentioning(where), 10, "nothing left running")
+    assert not starting.state_file.exists()
 
 
 def test_a_killed_authorization_service_is_restarted_and_requests_recover(launcher: Launcher) -> None:
