@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-import warnings
 from typing import Any
 
 import httpx
-from joserfc.jwk import JWKRegistry
+from stoa_translate import jwks as keysets
 
 from stoa_cp.problems import Problem
 from stoa_cp.schemas import unstorable
 
-ALLOWED_KTY = ("RSA", "EC", "OKP")
-# Members that only a private (or symmetric) key carries; a site must never receive them.
-PRIVATE_MEMBERS = ("d", "p", "q", "dp", "dq", "qi", "oth", "k")
-MAX_JWKS_BYTES = 512 * 1024
+MAX_JWKS_BYTES = keysets.MAX_JWKS_BYTES
 
 
 class JwksError(Exception):
@@ -29,41 +25,18 @@ class JwksError(Exception):
 
 
 def check(doc: object, field: str) -> dict[str, Any]:
-    """Return the JWKS as {"keys": [...]} or raise JwksError naming the bad member under `field`."""
+    """Return the JWKS as stored, or raise JwksError naming the bad member under `field`: by the rule
+    the authorization service loads keys with (`stoa_translate.jwks`), so a key set accepted here is
+    never refused at a site."""
     if not isinstance(doc, dict):
         raise JwksError(field, "must be a JSON object with a 'keys' array")
     found = unstorable(doc, field)
     if found is not None:
         raise JwksError(*found)
-    keys = doc.get("keys")
-    if not isinstance(keys, list) or not keys:
-        raise JwksError(f"{field}.keys", "must be a non-empty array of keys")
-    seen: set[str] = set()
-    for i, key in enumerate(keys):
-        where = f"{field}.keys[{i}]"
-        if not isinstance(key, dict):
-            raise JwksError(where, "must be a JSON object")
-        kty, kid = key.get("kty"), key.get("kid")
-        if kty not in ALLOWED_KTY:
-            raise JwksError(f"{where}.kty", f"must be one of {', '.join(ALLOWED_KTY)} (public keys only)")
-        if not isinstance(kid, str) or not kid:
-            raise JwksError(f"{where}.kid", "is required (a non-empty string)")
-        if kid in seen:
-            raise JwksError(f"{where}.kid", f"duplicate kid {kid!r}")
-        seen.add(kid)
-        private = [m for m in PRIVATE_MEMBERS if m in key]
-        if private:
-            raise JwksError(
-                f"{where}.{private[0]}", "private key material is refused; publish public keys only"
-            )
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                parsed = JWKRegistry.import_key(key)
-                _ = parsed.public_key  # forces the key material to be decoded
-        except Exception as exc:
-            raise JwksError(where, f"is not a usable {kty} public key ({exc})") from None
-    return {"keys": keys}
+    try:
+        return keysets.accept(doc, needs_a_key=True)
+    except keysets.KeySetError as exc:
+        raise JwksError(f"{field}.{exc.path}" if exc.path else field, exc.message) from None
 
 
 async def fetch_json(uri: str, timeout_s: float, field: str) -> object:

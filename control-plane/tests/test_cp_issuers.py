@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -15,6 +16,16 @@ from joserfc.jwk import ECKey, OKPKey, RSAKey
 def public_jwk(kid: str) -> dict:
     key = OKPKey.generate_key("Ed25519")
     return {**key.as_dict(private=False), "kid": kid}
+
+
+def weak_rsa_jwk() -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # joserfc warns about generating a short key
+        return RSAKey.generate_key(1024).as_dict(private=False)
+
+
+def p521_jwk() -> dict:
+    return ECKey.generate_key("P-521").as_dict(private=False)
 
 
 class JwksServer:
@@ -142,8 +153,17 @@ BAD_ISSUERS = [
         "jwks.keys[0].kty",
     ),
     (
-        {"issuer": "https://i.example", "jwks": {"keys": [{"kty": "RSA", "n": "abc", "e": "AQAB"}]}},
+        {"issuer": "https://i.example", "jwks": {"keys": [{**public_jwk("a"), "kid": ""}]}},
         "jwks.keys[0].kid",
+    ),
+    # What the authorization service would refuse (and so once made the gateway FAILED).
+    (
+        {"issuer": "https://i.example", "jwks": {"keys": [{**weak_rsa_jwk(), "kid": "rsa1024"}]}},
+        "jwks.keys[0]",
+    ),
+    (
+        {"issuer": "https://i.example", "jwks": {"keys": [{**p521_jwk(), "kid": "p521"}]}},
+        "jwks.keys[0].crv",
     ),
     (
         {"issuer": "https://i.example", "jwks": {"keys": [{"kty": "RSA", "kid": "x", "n": "!!"}]}},
@@ -237,3 +257,25 @@ async def test_background_refresh_ships_rotated_keys(cp_factory, api, jwks_serve
         fetched_at = (await admin.issuers("rot"))[0]["fetched_at"]
         await api.wait_for(refreshed_again, 10, "another background refresh round")
         assert await generation() == settled + 1
+
+
+async def test_a_refreshed_key_set_the_site_would_refuse_is_not_adopted(api, tenant_on_gateway, jwks_server):
+    tenant_id, gateway_id, _ = tenant_on_gateway
+    good = {"keys": [public_jwk("good")]}
+    jwks_server.document = good
+    issuer = await api.admin.post(
+        f"/v1/tenants/{tenant_id}/issuers",
+        json={"issuer": "https://rot.example", "jwks_uri": jwks_server.url},
+    )
+    assert issuer.status_code == 201, issuer.text
+    issuer_id = issuer.json()["issuer_id"]
+    before = await api.generation(gateway_id)
+    for weak in ({**weak_rsa_jwk(), "kid": "rsa1024"}, {**p521_jwk(), "kid": "p521"}):
+        jwks_server.document = {"keys": [public_jwk("good"), weak]}
+        refreshed = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers/{issuer_id}/refresh")
+        assert refreshed.status_code == 502, refreshed.text
+        (listed,) = (await api.admin.get(f"/v1/tenants/{tenant_id}/issuers")).json()
+        assert listed["jwks"] == good  # the previous keys stay in force
+        assert weak["kid"] not in json.dumps(listed["jwks"])
+        assert "keys[1]" in listed["last_error"]
+        assert await api.generation(gateway_id) == before

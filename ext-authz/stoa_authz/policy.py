@@ -7,99 +7,28 @@ PolicyError, which the ADS client turns into a NACK; the previous sets stay in f
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from joserfc.errors import JoseError
-from joserfc.jwk import ECKey, OKPKey, RSAKey, import_key
 from stoa_proto import authz_pb2, inventory_pb2
+from stoa_translate.jwks import KeySetError, VerificationKey, verification_keys_json
 
 from stoa_authz import respond
-
-PublicKey = RSAKey | ECKey | OKPKey
-
-_RSA_ALGS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512"})
-# Algorithms a key may verify, by key type and curve. No "none", no HMAC: symmetric keys never load.
-_EC_ALGS = {"P-256": frozenset({"ES256"}), "P-384": frozenset({"ES384"})}
-_OKP_ALGS = {"Ed25519": frozenset({"EdDSA", "Ed25519"})}
-_PRIVATE_MEMBERS = ("d", "p", "q", "dp", "dq", "qi", "oth", "k")
-_MIN_RSA_BITS = 2048
 
 
 class PolicyError(Exception):
     """The policy set is unusable; the message goes into the NACK's error_detail."""
 
 
-@dataclass(frozen=True, slots=True)
-class VerificationKey:
-    key: PublicKey
-    algorithms: frozenset[str]
-
-
-def parse_jwk(member: Any, where: str) -> tuple[str, VerificationKey]:
-    if not isinstance(member, dict):
-        raise PolicyError(f"{where}: a JWKS key must be an object")
-    kty = member.get("kty")
-    if kty == "oct":
-        raise PolicyError(f"{where}: symmetric key (kty oct) refused")
-    if kty not in ("RSA", "EC", "OKP"):
-        raise PolicyError(f"{where}: unsupported key type {kty!r}")
-    if any(name in member for name in _PRIVATE_MEMBERS):
-        raise PolicyError(f"{where}: private key material refused")
-    kid = member.get("kid", "")
-    if not isinstance(kid, str):
-        raise PolicyError(f"{where}: kid must be a string")
-    try:
-        key = import_key(member)
-    except (JoseError, ValueError, TypeError) as exc:
-        raise PolicyError(f"{where}: key does not parse: {exc}") from exc
-    if key.is_private:
-        raise PolicyError(f"{where}: private key material refused")
-    if isinstance(key, RSAKey):
-        if key.raw_value.key_size < _MIN_RSA_BITS:  # type: ignore[union-attr]
-            raise PolicyError(f"{where}: RSA key shorter than {_MIN_RSA_BITS} bits")
-        algs = _RSA_ALGS
-    elif isinstance(key, ECKey):
-        algs = _EC_ALGS.get(member.get("crv", ""), frozenset())
-    else:
-        algs = _OKP_ALGS.get(member.get("crv", ""), frozenset())
-    if not algs:
-        raise PolicyError(f"{where}: unsupported curve {member.get('crv')!r}")
-    declared = member.get("alg")
-    if declared is not None:
-        if declared not in algs:
-            raise PolicyError(f"{where}: algorithm {declared!r} does not fit the key")
-        algs = frozenset({declared})
-    return kid, VerificationKey(key, algs)  # type: ignore[arg-type]
-
-
-def _for_verifying(member: dict[str, Any]) -> bool:
-    key_ops = member.get("key_ops")
-    if key_ops is not None and (not isinstance(key_ops, list) or "verify" not in key_ops):
-        return False
-    return member.get("use", "sig") == "sig"
-
-
 def parse_jwks(text: str, where: str) -> dict[str, VerificationKey]:
+    """The issuer's keys for verifying, by the rule the CP accepted them with (`stoa_translate.jwks`)."""
     try:
-        document = json.loads(text)
-    except ValueError as exc:
-        raise PolicyError(f"{where}: JWKS is not JSON") from exc
-    if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
-        raise PolicyError(f"{where}: JWKS has no 'keys' list")
-    keys: dict[str, VerificationKey] = {}
-    for index, member in enumerate(document["keys"]):
-        if isinstance(member, dict) and not _for_verifying(member):
-            continue  # encryption keys are not for verifying tokens
-        kid, key = parse_jwk(member, f"{where} key {index}")
-        if kid in keys:
-            raise PolicyError(f"{where}: duplicate kid {kid!r}")
-        keys[kid] = key
-    return keys
+        return verification_keys_json(text)
+    except KeySetError as exc:
+        raise PolicyError(f"{where}: JWKS {exc}") from None
 
 
 @dataclass(slots=True)
