@@ -1,10 +1,13 @@
 """Policy-set rollout through the real Link, the real Envoy and the real `stoa-authz` (issue 4):
-a NACKed set leaves everything as it was, a route built with set N is decided with N while N+1 rolls
+a key set the service would refuse is refused at the CP, and one stored before that rule is NACKed
+and leaves everything as it was, a route built with set N is decided with N while N+1 rolls
 out, a service without an audience denies everything and says so, and production refuses bad scopes."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import json
 import os
 import signal
 import subprocess
@@ -12,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import grpc
 import httpx
 import pytest
@@ -19,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 from google.rpc import code_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from stoa_harness.cp_client import CPError
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
 from stoa_harness.site import console_script
@@ -95,7 +100,7 @@ def direct_check(estate: Estate, token: str, version: str) -> external_auth_pb2.
 
 
 def weak_rsa_jwks() -> dict[str, Any]:
-    """A well-formed RSA public key the CP stores but the service refuses (1024 bits < 2048)."""
+    """A well-formed RSA public key the CP and the service refuse (1024 bits < 2048)."""
     numbers = rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key().public_numbers()
 
     def b64(value: int) -> str:
@@ -108,6 +113,25 @@ def weak_rsa_jwks() -> dict[str, Any]:
     return {"keys": [{"kty": "RSA", "kid": "weak-1", "use": "sig", "n": b64(numbers.n), "e": b64(numbers.e)}]}
 
 
+ADDED_ISSUERS = ("https://weak.example", "https://fine.example")
+
+
+async def store_issuer_unchecked(
+    database_url: str, tenant_id: str, issuer: str, keys: dict[str, Any]
+) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "INSERT INTO issuers (issuer_id, tenant_id, issuer, jwks) VALUES ($1, $2, $3, $4::jsonb)",
+            "iss-unchecked",
+            tenant_id,
+            issuer,
+            json.dumps(keys),
+        )
+    finally:
+        await conn.close()
+
+
 def test_unusable_jwks_is_nacked_and_previous_decisions_stand(
     estate: Estate, idp: DevIdentityProvider
 ) -> None:
@@ -117,8 +141,15 @@ def test_unusable_jwks_is_nacked_and_previous_decisions_stand(
     version_before = route_policy_version(estate, token)
     nacks_before = len(authz_events(estate, "policy set refused"))
 
-    # The CP takes the key (a refusal would raise CPError); only the site refuses it.
-    estate.admin.add_issuer("demo", "https://weak.example", jwks=weak_rsa_jwks())
+    # The CP refuses the key by the service's own rule: nothing is stored, nothing changes.
+    with pytest.raises(CPError) as refused:
+        estate.admin.add_issuer("demo", "https://weak.example", jwks=weak_rsa_jwks())
+    assert (refused.value.status_code, refused.value.fields) == (422, ["jwks.keys[0]"])
+    assert estate.admin.status()["state"] == "SYNCED"
+    # A key stored before that rule (written here straight into the CP's database) still fails safe at
+    # the site: the next generation that reaches the tenant carries it, and the service NACKs it.
+    asyncio.run(store_issuer_unchecked(estate.database_url, "demo", "https://weak.example", weak_rsa_jwks()))
+    estate.admin.add_issuer("demo", "https://fine.example", jwks=idp.jwks())
     generation = estate.admin.desired_generation()
     try:
         status = wait_until(
@@ -142,8 +173,8 @@ def test_unusable_jwks_is_nacked_and_previous_decisions_stand(
         assert get(estate, token).status_code == 200
         assert get(estate, idp.mint(tenant="demo", scope="orders:write")).status_code == 403
     finally:
-        [weak] = [i for i in estate.admin.issuers("demo") if "weak" in i["issuer"]]
-        estate.admin.delete_issuer("demo", weak["issuer_id"])
+        for added in [i for i in estate.admin.issuers("demo") if i["issuer"] in ADDED_ISSUERS]:
+            estate.admin.delete_issuer("demo", added["issuer_id"])
         estate.admin.wait_synced()
     assert get(estate, token).status_code == 200
 
