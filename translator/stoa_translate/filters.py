@@ -25,6 +25,8 @@ EXT_AUTHZ_CLUSTER = "stoa-ext-authz"
 
 # THE order of the chain: a filter is listed once, here, with the reason for its position. A filter
 # a policy kind owns is on the listener only when some route uses that kind; the others always are.
+# Before all of them, outside the chain, the connection manager's early header mutation strips the
+# client headers no upstream may receive (`listener.py`): no filter ever sees them.
 HTTP_FILTER_ORDER: tuple[tuple[str, str], ...] = (
     (CORS_FILTER, "first: a genuine preflight is answered by Envoy itself, before any check runs"),
     (RBAC_FILTER, "address rules before the Check: an address-denied request costs no authorization call"),
