@@ -19,6 +19,8 @@ from jsonschema import Draft202012Validator
 from stoa_proc.reasons import Deny, Reason
 
 REDACTED = "[redacted]"
+_QUIET = re2.Options()
+_QUIET.log_errors = False  # a refused pattern is reported in the NACK, not on stderr
 
 
 def normalise(value: str) -> str:
@@ -145,8 +147,8 @@ def compile_guardrails(
     compiled = []
     for pattern in patterns:
         try:
-            # Case-insensitive as well as on folded text: a pattern written in capitals still matches.
-            compiled.append(re2.compile("(?i)" + normalise(pattern)))
+            # Case-insensitive on case-folded text (the pattern itself is not folded: `\\S` is not `\\s`).
+            compiled.append(re2.compile("(?i)" + unicodedata.normalize("NFKC", pattern), _QUIET))
         except re2.error as exc:
             raise PolicyError(f"blockPatterns: {pattern!r} is not an RE2 pattern: {exc}") from exc
     kinds = []

@@ -29,6 +29,7 @@ import httpx
 from stoa_harness.cp_client import CPClient
 from stoa_harness.envoy import EnvoyProcess
 from stoa_harness.lifecycle import Lifecycle
+from stoa_harness.llm import FakeLLM
 from stoa_harness.ports import free_port
 from stoa_harness.postgres import EmbeddedPostgres
 from stoa_harness.processes import SupervisedProcess
@@ -45,6 +46,9 @@ class EstateOptions:
     link_env: Mapping[str, str] = field(default_factory=dict)  # extra STOA_LINK_* settings
     cp_env: Mapping[str, str] = field(default_factory=dict)  # extra STOA_CP_* settings
     authz_env: Mapping[str, str] = field(default_factory=dict)  # extra STOA_AUTHZ_* settings
+    # Run the processing service (stoa-proc) and have the Link serve it its policy set.
+    proc: bool = False
+    proc_env: Mapping[str, str] = field(default_factory=dict)  # extra STOA_PROC_* settings
     start_timeout: float = 60.0
 
 
@@ -67,6 +71,8 @@ class Estate(Lifecycle):
         self.database_url = ""
         self.postgres: EmbeddedPostgres | None = None
         self.upstream = EchoUpstream()
+        # An OpenAI-compatible model upstream, for chat-completion routes.
+        self.llm = FakeLLM()
         self.cp: SupervisedProcess | None = None
         self.site: Site | None = None
         self.admin = CPClient(
@@ -114,11 +120,16 @@ class Estate(Lifecycle):
     def link_http_url(self) -> str:
         return self._site.link_http_url
 
+    @property
+    def proc(self) -> SupervisedProcess:
+        assert self._site.proc is not None, "this estate runs no processing service"
+        return self._site.proc
+
     def processes(self) -> list[SupervisedProcess]:
         """The subprocesses this estate started and keeps up (PostgreSQL aside): CP, Link, stoa-authz
-        when it runs, Envoy."""
+        and stoa-proc when they run, Envoy."""
         site = self._site
-        candidates = (self.cp, site.link, site.authz, site.envoy)
+        candidates = (self.cp, site.link, site.authz, site.proc, site.envoy)
         return [p for p in candidates if p is not None]
 
     def url(self, path: str) -> str:
@@ -137,6 +148,7 @@ class Estate(Lifecycle):
         # One database per estate: estates sharing a server never see each other's state.
         self.database_url = self.postgres.create_database(f"estate_{secrets.token_hex(6)}")
         self._stack.enter_context(self.upstream)
+        self._stack.enter_context(self.llm)
         self.cp = SupervisedProcess(
             "cp",
             [console_script("stoa-cp")],
@@ -163,6 +175,8 @@ class Estate(Lifecycle):
             authz=self.options.authz,
             link_env=self.options.link_env,
             authz_env=self.options.authz_env,
+            proc=self.options.proc,
+            proc_env=self.options.proc_env,
             start_timeout=self.options.start_timeout,
         )
         self._stack.enter_context(self.site)

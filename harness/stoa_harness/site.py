@@ -1,5 +1,6 @@
 """A site: the on-premises half of the estate for one gateway — a Link, a real Envoy, and in front of
-the upstream either the allow-all Check witness or the real `stoa-authz` — for a CP given by URL.
+the upstream either the allow-all Check witness or the real `stoa-authz` (and, when asked, the
+processing service `stoa-proc`) — for a CP given by URL.
 
 The estate runs one for its own CP; the guard tests put one behind a scripted CP.
 
@@ -27,6 +28,7 @@ from stoa_harness.wait import wait_until
 from stoa_harness.witness import CheckWitness
 
 AuthzKind = Literal["witness", "service"]
+PROC_SAN = "spiffe://stoa.local/ext-proc"
 
 
 def console_script(name: str) -> str:
@@ -58,6 +60,8 @@ class Site(Lifecycle):
         authz: AuthzKind = "witness",
         link_env: Mapping[str, str] | None = None,
         authz_env: Mapping[str, str] | None = None,
+        proc: bool = False,
+        proc_env: Mapping[str, str] | None = None,
         start_timeout: float = 60.0,
     ) -> None:
         self.run_dir = run_dir
@@ -67,6 +71,8 @@ class Site(Lifecycle):
         self.authz_kind = authz
         self.extra_link_env = dict(link_env or {})
         self.extra_authz_env = dict(authz_env or {})
+        self.proc_enabled = proc
+        self.extra_proc_env = dict(proc_env or {})
         self.start_timeout = start_timeout
         self.tls_dir = run_dir / "tls"
         self.ads_port = free_port()
@@ -75,8 +81,11 @@ class Site(Lifecycle):
         self.authz_http_port = free_port()
         self.authz_grpc_port = free_port()
         self.link_http_port = free_port()
+        self.proc_grpc_port = free_port()
+        self.proc_http_port = free_port()
         self.witness: CheckWitness | None = None
         self.authz: SupervisedProcess | None = None
+        self.proc: SupervisedProcess | None = None
         self.link: SupervisedProcess | None = None
         self.envoy: EnvoyProcess | None = None
         self._stack = contextlib.ExitStack()
@@ -108,6 +117,8 @@ class Site(Lifecycle):
             "STOA_LINK_LISTENER_ADDRESS": "127.0.0.1",
             "STOA_LINK_LISTENER_PORT": str(self.listener_port),
             "STOA_LINK_EXT_AUTHZ_ADDRESS": self.ext_authz_address,
+            "STOA_LINK_PROC_SAN": PROC_SAN if self.proc_enabled else "",
+            "STOA_LINK_EXT_PROC_ADDRESS": f"127.0.0.1:{self.proc_grpc_port}",
             "STOA_LINK_STATE_DIR": str(self.run_dir / "link-state"),
             "STOA_LINK_ENVOY_ADMIN_PORT": str(self.envoy_admin_port),
             "STOA_LINK_ENV": "development",
@@ -131,6 +142,30 @@ class Site(Lifecycle):
             "STOA_ENV": "development",
             **self.extra_authz_env,
         }
+
+    @property
+    def proc_env(self) -> dict[str, str]:
+        return {
+            "STOA_PROC_GRPC_ADDRESS": f"127.0.0.1:{self.proc_grpc_port}",
+            "STOA_PROC_HTTP_ADDRESS": f"127.0.0.1:{self.proc_http_port}",
+            "STOA_PROC_ADS_ADDRESS": self.ads_address,
+            "STOA_PROC_TLS_CA": str(self.tls_dir / "ca.pem"),
+            "STOA_PROC_TLS_CERT": str(self.tls_dir / "proc-client.pem"),
+            "STOA_PROC_TLS_KEY": str(self.tls_dir / "proc-client-key.pem"),
+            "STOA_ENV": "development",
+            **self.extra_proc_env,
+        }
+
+    @property
+    def proc_http_url(self) -> str:
+        return f"http://127.0.0.1:{self.proc_http_port}"
+
+    def proc_events(self, name: str) -> list[dict[str, Any]]:
+        """The JSON events `stoa-proc` logged so far whose `event` or `message` is `name`, oldest first."""
+        assert self.proc is not None, "this site runs no processing service"
+        lines = self.proc.log_path.read_text(errors="replace").splitlines()
+        events = [json.loads(line) for line in lines if line.startswith("{")]
+        return [e for e in events if name in (e.get("event"), e.get("message"))]
 
     @property
     def link_http_url(self) -> str:
@@ -197,6 +232,17 @@ class Site(Lifecycle):
             )
             self._stack.callback(self.authz.stop)
             self.authz.start()
+        if self.proc_enabled:
+            self.proc = SupervisedProcess(
+                "proc",
+                [console_script("stoa-proc")],
+                log_dir=self.run_dir,
+                env=self.proc_env,
+                ready=lambda: http_ok(f"{self.proc_http_url}/health/live"),
+                ready_timeout=self.start_timeout,
+            )
+            self._stack.callback(self.proc.stop)
+            self.proc.start()
         bootstrap = self.run_dir / "envoy-bootstrap.yaml"
         self._run_once("bootstrap", [link_cli, "bootstrap", "--out", str(bootstrap)])
         self.envoy = EnvoyProcess(bootstrap, self.envoy_admin_port, self.run_dir / "envoy.log")

@@ -26,6 +26,8 @@ ENVOY_CERT_FILE = "envoy-client.pem"
 ENVOY_KEY_FILE = "envoy-client-key.pem"
 AUTHZ_CERT_FILE = "authz-client.pem"
 AUTHZ_KEY_FILE = "authz-client-key.pem"
+PROC_CERT_FILE = "proc-client.pem"
+PROC_KEY_FILE = "proc-client-key.pem"
 ALL_FILES = (
     CA_FILE,
     CA_KEY_FILE,
@@ -155,12 +157,25 @@ def _write(path: Path, data: bytes, private: bool) -> None:
     os.replace(tmp, path)
 
 
-def write_dev_certs(out: Path, envoy_san: str, authz_san: str, force: bool = False) -> bool:
+def write_dev_certs(
+    out: Path, envoy_san: str, authz_san: str, force: bool = False, proc_san: str = ""
+) -> bool:
     """Write the development CA and certificates into `out`. Returns False when a complete set was kept.
 
     A complete existing set is kept (so `make run` twice keeps the identities Envoy was started with);
-    a partial one is an error unless `force`.
+    a partial one is an error unless `force`. The processing service's certificate (`proc_san`) is
+    issued from the set's CA when the rest is already there.
     """
+    written = _write_main_set(out, envoy_san, authz_san, force)
+    if proc_san and (force or written or not (out / PROC_CERT_FILE).exists()):
+        issued = issue_client(load_ca(out), proc_san)
+        _write(out / PROC_KEY_FILE, issued.key_pem, private=True)
+        _write(out / PROC_CERT_FILE, issued.cert_pem, private=False)
+        written = True
+    return written
+
+
+def _write_main_set(out: Path, envoy_san: str, authz_san: str, force: bool) -> bool:
     out.mkdir(parents=True, exist_ok=True)
     expected = ALL_FILES if authz_san else ALL_FILES[:6]
     present = [name for name in expected if (out / name).exists()]

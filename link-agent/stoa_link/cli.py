@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from pydantic import ValidationError
-from stoa_translate.snapshot import ENVOY_TYPES, SITE_SERVICE_TYPES
+from stoa_translate.snapshot import AUTHZ_POLICY_SET, ENVOY_TYPES, PROC_POLICY_SET
 
 from stoa_link import bootstrap, certs
 from stoa_link.settings import LinkSettings, is_loopback
@@ -80,6 +80,7 @@ def _run(settings: LinkSettings) -> None:
             ext_authz_address=settings.ext_authz_address,
             ext_authz_timeout_ms=settings.ext_authz_timeout_ms,
             extra_identity_headers=settings.identity_headers_added,
+            ext_proc_address=settings.ext_proc_address,
         )
     except (ValueError, FileNotFoundError) as exc:
         raise StartupError(str(exc)) from None
@@ -90,7 +91,9 @@ def _run(settings: LinkSettings) -> None:
         )
     identities = {settings.envoy_san: ENVOY_TYPES}
     if settings.authz_san:
-        identities[settings.authz_san] = SITE_SERVICE_TYPES
+        identities[settings.authz_san] = (AUTHZ_POLICY_SET,)
+    if settings.proc_san:
+        identities[settings.proc_san] = (PROC_POLICY_SET,)
     ads = AdsServer(settings.ads_address, tls, identities, settings.ack_timeout_s)
     credential = settings.gateway_credential.get_secret_value()
     reporter = Reporter(settings.cp_url, settings.gateway_id, credential)
@@ -166,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {args.out}")
         else:
             try:
-                written = certs.write_dev_certs(args.out, settings.envoy_san, settings.authz_san, args.force)
+                written = certs.write_dev_certs(
+                    args.out, settings.envoy_san, settings.authz_san, args.force, settings.proc_san
+                )
             except FileExistsError as exc:
                 raise StartupError(str(exc)) from None
             print(f"{'wrote' if written else 'kept existing'} development certificates in {args.out}")

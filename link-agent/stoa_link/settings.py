@@ -59,10 +59,14 @@ class LinkSettings(BaseSettings):
     envoy_san: str = "spiffe://stoa.local/envoy"
     # Empty: no authorization-service client is expected (a Check witness stands in).
     authz_san: str = "spiffe://stoa.local/ext-authz"
+    # The processing service's URI SAN; empty: no processing-service client is expected (a route with
+    # a body policy then answers 503, as with the service down).
+    proc_san: str = ""
     listener_address: str = "127.0.0.1"
     listener_port: int = Field(default=10000, ge=1, le=65535)
     ext_authz_address: str = "127.0.0.1:9191"
     ext_authz_timeout_ms: int = Field(default=250, ge=1)
+    ext_proc_address: str = "127.0.0.1:9291"
     ack_timeout_s: float = Field(default=10.0, gt=0)
     state_dir: Path = Path(".stoa/link-state")
     envoy_admin_port: int = Field(default=9901, ge=1, le=65535)
@@ -86,7 +90,7 @@ class LinkSettings(BaseSettings):
             ip_endpoint(value, "HTTP address", "127.0.0.1:9902")
         return value
 
-    @field_validator("envoy_san", "authz_san")
+    @field_validator("envoy_san", "authz_san", "proc_san")
     @classmethod
     def _uri_san(cls, value: str) -> str:
         if value and "://" not in value:
@@ -134,3 +138,7 @@ class LinkSettings(BaseSettings):
             raise ValueError(f"missing settings: {', '.join(missing)}")
         if self.authz_san and self.authz_san == self.envoy_san:
             raise ValueError("STOA_LINK_AUTHZ_SAN must differ from STOA_LINK_ENVOY_SAN")
+        if self.proc_san and self.proc_san in (self.envoy_san, self.authz_san):
+            raise ValueError(
+                "STOA_LINK_PROC_SAN must differ from STOA_LINK_ENVOY_SAN and STOA_LINK_AUTHZ_SAN"
+            )

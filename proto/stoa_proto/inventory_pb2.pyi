@@ -1,3 +1,4 @@
+from stoa_proto import proc_pb2 as _proc_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -64,7 +65,7 @@ class Route(_message.Message):
     def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., path_prefix: _Optional[str] = ..., methods: _Optional[_Iterable[str]] = ..., upstream_url: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., forward_credential: _Optional[bool] = ...) -> None: ...
 
 class Policy(_message.Message):
-    __slots__ = ("policy_id", "type", "scope", "targets", "tenant_id", "applicable", "cors", "rate_limit", "ip_filter")
+    __slots__ = ("policy_id", "type", "scope", "targets", "tenant_id", "applicable", "cors", "rate_limit", "ip_filter", "guardrails")
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +75,7 @@ class Policy(_message.Message):
     CORS_FIELD_NUMBER: _ClassVar[int]
     RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
     IP_FILTER_FIELD_NUMBER: _ClassVar[int]
+    GUARDRAILS_FIELD_NUMBER: _ClassVar[int]
     policy_id: str
     type: str
     scope: str
@@ -83,7 +85,8 @@ class Policy(_message.Message):
     cors: CorsPolicy
     rate_limit: RateLimitPolicy
     ip_filter: IpFilterPolicy
-    def __init__(self, policy_id: _Optional[str] = ..., type: _Optional[str] = ..., scope: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., tenant_id: _Optional[str] = ..., applicable: _Optional[_Iterable[str]] = ..., cors: _Optional[_Union[CorsPolicy, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimitPolicy, _Mapping]] = ..., ip_filter: _Optional[_Union[IpFilterPolicy, _Mapping]] = ...) -> None: ...
+    guardrails: _proc_pb2.Guardrails
+    def __init__(self, policy_id: _Optional[str] = ..., type: _Optional[str] = ..., scope: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., tenant_id: _Optional[str] = ..., applicable: _Optional[_Iterable[str]] = ..., cors: _Optional[_Union[CorsPolicy, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimitPolicy, _Mapping]] = ..., ip_filter: _Optional[_Union[IpFilterPolicy, _Mapping]] = ..., guardrails: _Optional[_Union[_proc_pb2.Guardrails, _Mapping]] = ...) -> None: ...
 
 class CorsPolicy(_message.Message):
     __slots__ = ("allowed_origins", "allowed_methods", "allowed_headers", "expose_headers", "max_age", "allow_credentials")

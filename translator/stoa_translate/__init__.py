@@ -15,13 +15,14 @@ from stoa_translate import ir
 from stoa_translate.clusters import render_clusters
 from stoa_translate.listener import render_listener
 from stoa_translate.options import TranslateOptions
-from stoa_translate.policy_set import render_policy_set
+from stoa_translate.policy_set import render_policy_set, render_proc_policy_set
 from stoa_translate.refusal import FailureReason, Refusal
 from stoa_translate.routes import render_routes
 from stoa_translate.snapshot import (
     AUTHZ_POLICY_SET,
     CLUSTER,
     LISTENER,
+    PROC_POLICY_SET,
     ROUTE,
     Snapshot,
     clusters_named,
@@ -52,7 +53,9 @@ class Translator:
         site, resolved = ir.build(inventory, self._resolved)
         # The routes carry the policy-set version, so the set is rendered first.
         policy_set = render_policy_set(site)
-        routes, rendered = render_routes(site, self.options, policy_set.version, self._rendered)
+        proc_set = render_proc_policy_set(site)
+        proc_version = proc_set.version if site.needs_processing() else None
+        routes, rendered = render_routes(site, self.options, policy_set.version, proc_version, self._rendered)
         snapshot = Snapshot.build(
             inventory.gateway_id,
             inventory.generation,
@@ -61,6 +64,7 @@ class Translator:
                 LISTENER: [render_listener(site, self.options)],
                 ROUTE: [routes],
                 AUTHZ_POLICY_SET: [policy_set],
+                PROC_POLICY_SET: [proc_set],
             },
         )
         named = {

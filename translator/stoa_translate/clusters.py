@@ -1,4 +1,5 @@
-"""Clusters: one per backend identity (scheme, host, port), plus the authorization service's.
+"""Clusters: one per backend identity (scheme, host, port), plus the authorization service's (and
+the processing service's when a route has a body policy).
 
 A cluster is named by its identity, never by a route's position, so editing one route never renames
 (and so never drains) another route's cluster.
@@ -16,7 +17,7 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import duration_pb2
 
-from stoa_translate.filters import EXT_AUTHZ_CLUSTER, packed
+from stoa_translate.filters import EXT_AUTHZ_CLUSTER, EXT_PROC_CLUSTER, packed
 from stoa_translate.ir import Backend, SiteIR
 from stoa_translate.options import TranslateOptions
 
@@ -28,7 +29,9 @@ _HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions
 def render_clusters(site: SiteIR, options: TranslateOptions) -> list[cluster_pb2.Cluster]:
     backends = {route.backend.cluster_name: route.backend for route in site.routes}
     clusters = [_backend(backends[name]) for name in sorted(backends)]
-    clusters.append(_ext_authz(options))
+    clusters.append(_grpc_service(EXT_AUTHZ_CLUSTER, *options.ext_authz_endpoint()))
+    if site.needs_processing():
+        clusters.append(_grpc_service(EXT_PROC_CLUSTER, *options.ext_proc_endpoint()))
     return clusters
 
 
@@ -94,9 +97,8 @@ def _upstream_tls(backend: Backend) -> tls_pb2.UpstreamTlsContext:
     return context
 
 
-def _ext_authz(options: TranslateOptions) -> cluster_pb2.Cluster:
-    host, port = options.ext_authz_endpoint()
-    cluster = _cluster(EXT_AUTHZ_CLUSTER, host, port, _is_ip(host))
+def _grpc_service(name: str, host: str, port: int) -> cluster_pb2.Cluster:
+    cluster = _cluster(name, host, port, _is_ip(host))
     # gRPC needs HTTP/2 end to end.
     cluster.typed_extension_protocol_options[_HTTP_PROTOCOL_OPTIONS].CopyFrom(
         packed(

@@ -7,21 +7,32 @@ this module says where in the chain each filter stands, and why.
 
 from __future__ import annotations
 
-from envoy.config.core.v3 import config_source_pb2, grpc_service_pb2
+from envoy.config.core.v3 import base_pb2, config_source_pb2, grpc_service_pb2
+from envoy.extensions.filters.http.buffer.v3 import buffer_pb2
 from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import any_pb2, duration_pb2, message
+from google.protobuf import any_pb2, duration_pb2, message, wrappers_pb2
 
 from stoa_translate.options import TranslateOptions
 
 CORS_FILTER = "envoy.filters.http.cors"
 RBAC_FILTER = "envoy.filters.http.rbac"
 EXT_AUTHZ_FILTER = "envoy.filters.http.ext_authz"
+BUFFER_FILTER = "envoy.filters.http.buffer"
 RATE_LIMIT_FILTER = "envoy.filters.http.local_ratelimit"
+EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 ROUTER_FILTER = "envoy.filters.http.router"
 
 EXT_AUTHZ_CLUSTER = "stoa-ext-authz"
+EXT_PROC_CLUSTER = "stoa-ext-proc"
+# The stream metadata naming, for the processing service, the route and the policy set it was built with.
+PROC_ROUTE_METADATA = "x-stoa-route-id"
+PROC_VERSION_METADATA = "x-stoa-proc-version"
+# Bound on each message the processing service answers (a buffered body is one message).
+EXT_PROC_MESSAGE_TIMEOUT_MS = 2000
 
 # THE order of the chain: a filter is listed once, here, with the reason for its position. A filter
 # a policy kind owns is on the listener only when some route uses that kind; the others always are.
@@ -30,11 +41,25 @@ EXT_AUTHZ_CLUSTER = "stoa-ext-authz"
 HTTP_FILTER_ORDER: tuple[tuple[str, str], ...] = (
     (CORS_FILTER, "first: a genuine preflight is answered by Envoy itself, before any check runs"),
     (RBAC_FILTER, "address rules before the Check: an address-denied request costs no authorization call"),
+    (
+        BUFFER_FILTER,
+        "before the Check, on routes whose request body is inspected: the body is complete, or refused "
+        "413, before a filter holds the headers waiting on a call (with ext_authz holding them, a body "
+        "past Envoy's buffer limit stalls instead of getting 413)",
+    ),
     (EXT_AUTHZ_FILTER, "the authorization service decides every request that gets this far"),
     (RATE_LIMIT_FILTER, "after the Check: only authorized requests spend the route's tokens"),
+    (
+        EXT_PROC_FILTER,
+        "after the Check and the bucket: a body is read and inspected only for a request that may pass",
+    ),
     (ROUTER_FILTER, "last: forwards to the upstream"),
 )
 ALWAYS_PRESENT = (EXT_AUTHZ_FILTER, ROUTER_FILTER)
+# Off on the listener; a route's own per-route config switches them on.
+DISABLED_BY_DEFAULT = (BUFFER_FILTER,)
+# A route's inspected request body when its policy names no limit (the processing service's default).
+PROC_DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 
 def packed(config: object) -> any_pb2.Any:
@@ -58,6 +83,43 @@ def ext_authz_filter(options: TranslateOptions) -> ext_authz_pb2.ExtAuthz:
     )
 
 
+def ext_proc_filter() -> ext_proc_pb2.ExternalProcessor:
+    """Inert on the listener (every phase skipped, so no stream is opened); a route's per-route config
+    switches on the phases its body policies need. Failing closed: the service unreachable, failing
+    or past its timeout is a 503 (the local replies give it the neutral body and Retry-After)."""
+    timeout = duration_pb2.Duration()
+    timeout.FromMilliseconds(EXT_PROC_MESSAGE_TIMEOUT_MS)
+    return ext_proc_pb2.ExternalProcessor(
+        grpc_service=grpc_service_pb2.GrpcService(
+            envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=EXT_PROC_CLUSTER)
+        ),
+        failure_mode_allow=False,
+        processing_mode=ProcessingMode(
+            request_header_mode=ProcessingMode.SKIP,
+            response_header_mode=ProcessingMode.SKIP,
+            request_trailer_mode=ProcessingMode.SKIP,
+            response_trailer_mode=ProcessingMode.SKIP,
+        ),
+        message_timeout=timeout,
+        # The service switches a server-sent event stream to streamed mode at the response headers.
+        allow_mode_override=True,
+        status_on_error=http_status_pb2.HttpStatus(code=http_status_pb2.ServiceUnavailable),
+        stat_prefix="stoa",
+    )
+
+
+def buffer_filter() -> buffer_pb2.Buffer:
+    return buffer_pb2.Buffer(max_request_bytes=wrappers_pb2.UInt32Value(value=PROC_DEFAULT_MAX_BODY_BYTES))
+
+
+def buffer_route(max_request_bytes: int) -> buffer_pb2.BufferPerRoute:
+    return buffer_pb2.BufferPerRoute(
+        buffer=buffer_pb2.Buffer(
+            max_request_bytes=wrappers_pb2.UInt32Value(value=max_request_bytes or PROC_DEFAULT_MAX_BODY_BYTES)
+        )
+    )
+
+
 def router_filter() -> message.Message:
     # No x-envoy-* headers added by Envoy (x-envoy-original-path included); no retry policy anywhere.
     return router_pb2.Router(suppress_envoy_headers=True)
@@ -76,14 +138,15 @@ def no_ext_authz_route() -> ext_authz_pb2.ExtAuthzPerRoute:
     return ext_authz_pb2.ExtAuthzPerRoute(disabled=True)
 
 
-def virtual_host_configs(policy_set_version: str) -> dict[str, any_pb2.Any]:
+def virtual_host_configs(policy_set_version: str, proc_version: str | None) -> dict[str, any_pb2.Any]:
     """typed_per_filter_config of the virtual host: what every route shares.
 
     Envoy merges ext_authz context extensions from the virtual host into each route's (the more
     specific keys win), so a Check carries `policy_set_version` with the route's own keys while the
-    route entries stay independent of the policy set: a new route re-renders only itself.
+    route entries stay independent of the policy set: a new route re-renders only itself. The
+    processing service's stream metadata merges the same way (`proc_version` when a route uses it).
     """
-    return {
+    configs = {
         EXT_AUTHZ_FILTER: packed(
             ext_authz_pb2.ExtAuthzPerRoute(
                 check_settings=ext_authz_pb2.CheckSettings(
@@ -92,3 +155,14 @@ def virtual_host_configs(policy_set_version: str) -> dict[str, any_pb2.Any]:
             )
         )
     }
+    if proc_version is not None:
+        configs[EXT_PROC_FILTER] = packed(
+            ext_proc_pb2.ExtProcPerRoute(
+                overrides=ext_proc_pb2.ExtProcOverrides(
+                    grpc_initial_metadata=[
+                        base_pb2.HeaderValue(key=PROC_VERSION_METADATA, value=proc_version)
+                    ]
+                )
+            )
+        )
+    return configs

@@ -16,7 +16,7 @@ from typing import Any
 from stoa_proto import inventory_pb2
 
 from stoa_translate import fields
-from stoa_translate.policies import KINDS, ConfigError
+from stoa_translate.policies import KINDS, PROCESSING_KINDS, ConfigError
 from stoa_translate.refusal import FailureReason, Refusal, invalid
 
 DEFAULT_AUTH_MODE = "jwt"
@@ -65,6 +65,19 @@ class RouteIR:
     def policy(self, kind: str) -> Any | None:
         return next((ir for name, ir in self.policies if name == kind), None)
 
+    def request_buffer_bytes(self) -> int | None:
+        """The request-body limit when a policy of the route inspects the whole request body (0: the
+        default limit), else None; the smallest when several do."""
+        limits = [
+            ir.request_buffer_bytes
+            for _, ir in self.policies
+            if getattr(ir, "request_buffer_bytes", None) is not None
+        ]
+        if not limits:
+            return None
+        named = [limit for limit in limits if limit]
+        return min(named) if named else 0
+
 
 @dataclass(frozen=True)
 class IssuerIR:
@@ -83,6 +96,12 @@ class SiteIR:
 
     def needs(self, kind: str) -> bool:
         return any(route.policy(kind) is not None for route in self.routes)
+
+    def needs_processing(self) -> bool:
+        return any(name in PROCESSING_KINDS for route in self.routes for name, _ in route.policies)
+
+    def needs_request_buffer(self) -> bool:
+        return any(route.request_buffer_bytes() is not None for route in self.routes)
 
 
 # Route content (deterministic serialisation) → its IR without policies. Content-keyed, so a hit is

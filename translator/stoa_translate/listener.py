@@ -17,17 +17,21 @@ from envoy.config.core.v3 import (
     substitution_format_string_pb2,
 )
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.extensions.access_loggers.filters.cel.v3 import cel_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
 from envoy.extensions.http.early_header_mutation.header_mutation.v3 import header_mutation_pb2
 from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import message, wrappers_pb2
 from stoa_proto import client_headers
-from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES
+from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES, PROC_BODIES
 
 from stoa_translate.filters import (
+    BUFFER_FILTER,
+    DISABLED_BY_DEFAULT,
     EXT_AUTHZ_FILTER,
     HTTP_FILTER_ORDER,
     ROUTER_FILTER,
+    buffer_filter,
     ext_authz_filter,
     packed,
     router_filter,
@@ -42,6 +46,7 @@ LISTENER_NAME = "stoa-listener"
 NO_CLIENT_ADDRESS = "192.0.2.255"
 # Bounded hint given with the 503 when the authorization service is down or too slow.
 AUTHZ_UNAVAILABLE_RETRY_AFTER_S = 2
+PROC_UNAVAILABLE_RETRY_AFTER_S = 1
 
 
 def render_listener(site: SiteIR, options: TranslateOptions) -> listener_pb2.Listener:
@@ -56,7 +61,8 @@ def render_listener(site: SiteIR, options: TranslateOptions) -> listener_pb2.Lis
             ),
         ),
         http_filters=[
-            hcm.HttpFilter(name=name, typed_config=packed(config)) for name, config in _chain(site, options)
+            hcm.HttpFilter(name=name, typed_config=packed(config), disabled=name in DISABLED_BY_DEFAULT)
+            for name, config in _chain(site, options)
         ],
         # Before routing and before any filter, on every route whatever its auth mode.
         early_header_mutation_extensions=[_strip_client_headers(options)],
@@ -83,7 +89,7 @@ def render_listener(site: SiteIR, options: TranslateOptions) -> listener_pb2.Lis
                 )
             ],
         ),
-        local_reply_config=_local_replies(),
+        local_reply_config=_local_replies(site.needs_processing()),
     )
     return listener_pb2.Listener(
         name=LISTENER_NAME,
@@ -133,6 +139,8 @@ def _chain(site: SiteIR, options: TranslateOptions) -> list[tuple[str, message.M
     for kind in KINDS.values():
         if site.needs(kind.name):
             configs[kind.filter_name] = kind.listener_filter()
+    if site.needs_request_buffer():
+        configs[BUFFER_FILTER] = buffer_filter()
     return [(name, configs[name]) for name, _why in HTTP_FILTER_ORDER if name in configs]
 
 
@@ -171,7 +179,44 @@ def _json_body(status: int) -> dict[str, object]:
     }
 
 
-def _local_replies() -> hcm.LocalReplyConfig:
+def _cel(expression: str) -> accesslog_pb2.AccessLogFilter:
+    return accesslog_pb2.AccessLogFilter(
+        extension_filter=accesslog_pb2.ExtensionFilter(
+            name="envoy.access_loggers.extension_filters.cel",
+            typed_config=packed(cel_pb2.ExpressionFilter(expression=expression)),
+        )
+    )
+
+
+def _retry_after(seconds: int) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key="retry-after", value=str(seconds)),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
+
+
+def _processing_replies() -> list[hcm.ResponseMapper]:
+    """With the processing service on some route: its own answers (details `stoa_proc_*`) pass as
+    they are; the service unreachable, failing or past its timeout (`ext_proc_error*`, a 503 by
+    `status_on_error`) gets the neutral body and Retry-After; a body over Envoy's own buffer (413)
+    gets the service's 413 body, so the client sees one contract for the size limit."""
+    too_large = {
+        "body": base_pb2.DataSource(inline_string=PROC_BODIES["too_large"].decode()),
+        "body_format_override": _json_body(403)["body_format_override"],
+    }
+    return [
+        hcm.ResponseMapper(filter=_cel("response.code_details.startsWith('stoa_proc_')")),
+        hcm.ResponseMapper(
+            filter=_cel("response.code_details.startsWith('ext_proc')"),
+            status_code=wrappers_pb2.UInt32Value(value=503),
+            headers_to_add=[_retry_after(PROC_UNAVAILABLE_RETRY_AFTER_S)],
+            **_json_body(503),  # type: ignore[arg-type]
+        ),
+        hcm.ResponseMapper(filter=_status(413), **too_large),  # type: ignore[arg-type]
+    ]
+
+
+def _local_replies(processing: bool) -> hcm.LocalReplyConfig:
     """ext_authz failing (unreachable, timeout, error) is a local 503 flagged UAEX: answer it with the
     neutral body of a 403 (stoa_proto.bodies, shared with the authorization service) and a bounded
     Retry-After. A 503 the service itself returns carries the same neutral body.
@@ -183,6 +228,7 @@ def _local_replies() -> hcm.LocalReplyConfig:
     """
     return hcm.LocalReplyConfig(
         mappers=[
+            *(_processing_replies() if processing else ()),
             hcm.ResponseMapper(
                 filter=_status_and_flag(503, "UAEX"),
                 headers_to_add=[

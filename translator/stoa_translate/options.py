@@ -15,6 +15,8 @@ class TranslateOptions:
     # host:port of the authorization service's gRPC endpoint.
     ext_authz_address: str = "127.0.0.1:9191"
     ext_authz_timeout_ms: int = 250
+    # host:port of the processing service's gRPC endpoint (used when a route has a body policy).
+    ext_proc_address: str = "127.0.0.1:9291"
     default_route_timeout_ms: int = 15000
     xff_num_trusted_hops: int = 0
     # Identity header names (or prefixes ending in "*") this site's upstreams trust, removed on top of
@@ -29,6 +31,7 @@ class TranslateOptions:
         if not 0 < self.listener_port < 65536:
             raise ValueError(f"listener_port {self.listener_port} is not a TCP port")
         self.ext_authz_endpoint()
+        self.ext_proc_endpoint()
         if not 0 < self.ext_authz_timeout_ms <= 60_000:
             raise ValueError(f"ext_authz_timeout_ms {self.ext_authz_timeout_ms} is not in 1..60000")
         if self.default_route_timeout_ms <= 0:
@@ -41,8 +44,15 @@ class TranslateOptions:
 
     def ext_authz_endpoint(self) -> tuple[str, int]:
         """(host, port) of ext_authz_address; an IPv6 host may be bracketed."""
-        host, sep, port = self.ext_authz_address.rpartition(":")
-        host = host.removeprefix("[").removesuffix("]")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"ext_authz_address {self.ext_authz_address!r} is not host:port")
-        return host, int(port)
+        return _endpoint("ext_authz_address", self.ext_authz_address)
+
+    def ext_proc_endpoint(self) -> tuple[str, int]:
+        return _endpoint("ext_proc_address", self.ext_proc_address)
+
+
+def _endpoint(name: str, address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{name} {address!r} is not host:port")
+    return host, int(port)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from stoa_proto import authz_pb2, inventory_pb2
+from stoa_proto import authz_pb2, inventory_pb2, proc_pb2
 
 from stoa_translate.ir import SiteIR
 
@@ -35,6 +35,28 @@ def render_policy_set(site: SiteIR) -> authz_pb2.AuthzPolicySet:
             for i in site.issuers
         ],
     )
+    version = hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()[:16]
+    content.name = POLICY_SET_NAME
+    content.version = version
+    content.gateway_id = site.gateway_id
+    content.generation = site.generation
+    return content
+
+
+def render_proc_policy_set(site: SiteIR) -> proc_pb2.ProcPolicySet:
+    """The ProcPolicySet `default`: each route with a body policy and its rules. Versioned like the
+    authorization set (content only), and carried to the service in each stream's metadata."""
+    content = proc_pb2.ProcPolicySet()
+    for route in site.routes:
+        guardrails = route.policy("guardrails")
+        if guardrails is None:
+            continue
+        content.routes.add(
+            route_id=route.route_id,
+            tenant_id=route.tenant_id,
+            api_id=route.api_id,
+            guardrails=guardrails.message(),
+        )
     version = hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()[:16]
     content.name = POLICY_SET_NAME
     content.version = version

@@ -26,7 +26,9 @@ from google.protobuf import any_pb2, duration_pb2
 from stoa_proto.paths import HIDDEN_DOT_SEGMENT
 
 from stoa_translate.filters import (
+    BUFFER_FILTER,
     EXT_AUTHZ_FILTER,
+    buffer_route,
     ext_authz_route,
     no_ext_authz_route,
     packed,
@@ -53,7 +55,11 @@ RenderedRoutes = Mapping[RouteIR, bytes]
 
 
 def render_routes(
-    site: SiteIR, options: TranslateOptions, policy_set_version: str, previous: RenderedRoutes
+    site: SiteIR,
+    options: TranslateOptions,
+    policy_set_version: str,
+    proc_version: str | None,
+    previous: RenderedRoutes,
 ) -> tuple[route_pb2.RouteConfiguration, dict[RouteIR, bytes]]:
     """The route configuration, and each route's rendered entries for the next call's `previous`
     (which must have been rendered with the same options)."""
@@ -69,7 +75,7 @@ def render_routes(
         name=ROUTE_CONFIG_NAME, request_headers_to_remove=list(CLIENT_HEADERS_REMOVED)
     )
     host = config.virtual_hosts.add(name=VIRTUAL_HOST_NAME, domains=["*"])
-    for name, per_filter in virtual_host_configs(policy_set_version).items():
+    for name, per_filter in virtual_host_configs(policy_set_version, proc_version).items():
         host.typed_per_filter_config[name].CopyFrom(per_filter)
     host.routes.append(_refuse_hidden_dot_segment())
     # Parsed in place: appending a built virtual host would copy all of its entries once more.
@@ -102,6 +108,9 @@ def per_route_configs(route: RouteIR) -> dict[str, any_pb2.Any]:
     for name, ir in route.policies:
         kind = KINDS[name]
         configs[kind.filter_name] = packed(kind.route_config(route.route_id, ir))
+    buffered = route.request_buffer_bytes()
+    if buffered is not None:
+        configs[BUFFER_FILTER] = packed(buffer_route(buffered))
     return configs
 
 

@@ -18,11 +18,12 @@ CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
 ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 AUTHZ_POLICY_SET = "type.googleapis.com/stoa.authz.v1.AuthzPolicySet"
+PROC_POLICY_SET = "type.googleapis.com/stoa.proc.v1.ProcPolicySet"
 
 # Envoy's own types, in the order a state-of-the-world publication must follow.
 ENVOY_TYPES: tuple[str, ...] = (CLUSTER, LISTENER, ROUTE)
 # Types served to the site services; published (and acknowledged) before Envoy's.
-SITE_SERVICE_TYPES: tuple[str, ...] = (AUTHZ_POLICY_SET,)
+SITE_SERVICE_TYPES: tuple[str, ...] = (AUTHZ_POLICY_SET, PROC_POLICY_SET)
 
 
 def resource_name(resource: Message) -> str:

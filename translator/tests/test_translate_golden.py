@@ -19,7 +19,7 @@ from stoa_harness.envoy import validate_config
 from stoa_proto import inventory_pb2
 from stoa_translate import TranslateOptions, translate
 from stoa_translate.refusal import FailureReason, Refusal
-from stoa_translate.snapshot import AUTHZ_POLICY_SET, CLUSTER, LISTENER, ROUTE, Snapshot
+from stoa_translate.snapshot import AUTHZ_POLICY_SET, CLUSTER, LISTENER, PROC_POLICY_SET, ROUTE, Snapshot
 from stoa_translate.static import static_bootstrap
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -33,7 +33,13 @@ OPTIONS = TranslateOptions(
     default_route_timeout_ms=15000,
     xff_num_trusted_hops=0,
 )
-KINDS = {CLUSTER: "cluster", LISTENER: "listener", ROUTE: "route", AUTHZ_POLICY_SET: "authz_policy_set"}
+KINDS = {
+    CLUSTER: "cluster",
+    LISTENER: "listener",
+    ROUTE: "route",
+    AUTHZ_POLICY_SET: "authz_policy_set",
+    PROC_POLICY_SET: "proc_policy_set",
+}
 
 
 def dumps(document: object) -> str:

@@ -11,11 +11,16 @@ from typing import Any
 
 from google.protobuf import message
 
-from stoa_translate.policies import cors, ip_filter, rate_limit
+from stoa_translate.filters import EXT_PROC_FILTER
+from stoa_translate.policies import cors, guardrails, ip_filter, rate_limit
 from stoa_translate.policies.kind import ConfigError, PolicyKind, config_json, read_config
 
-KINDS: dict[str, PolicyKind] = {kind.name: kind for kind in (cors.KIND, rate_limit.KIND, ip_filter.KIND)}
+KINDS: dict[str, PolicyKind] = {
+    kind.name: kind for kind in (cors.KIND, rate_limit.KIND, ip_filter.KIND, guardrails.KIND)
+}
 SUPPORTED_KINDS: tuple[str, ...] = tuple(KINDS)
+# The kinds the processing service enforces: a route with one of them gets a processing stream.
+PROCESSING_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.filter_name == EXT_PROC_FILTER)
 
 
 class UnsupportedKind(ValueError):
@@ -42,6 +47,7 @@ def accept_json(kind_name: str, policy_id: str, config: object) -> dict[str, Any
 
 __all__ = [
     "KINDS",
+    "PROCESSING_KINDS",
     "SUPPORTED_KINDS",
     "ConfigError",
     "PolicyKind",

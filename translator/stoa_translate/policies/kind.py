@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,8 @@ MAX_UINT32 = 2**32 - 1
 # Bounds on what one config may hold: each list, each text entry.
 MAX_ENTRIES = 256
 MAX_TEXT = 256
+# Bound on a free-form JSON document inside a config (a JSON Schema), serialised.
+MAX_DOCUMENT = 64 * 1024
 
 
 class ConfigError(ValueError):
@@ -56,15 +59,23 @@ def read_config(kind: PolicyKind, config: object) -> message.Message:
     """
     if not isinstance(config, Mapping):
         raise ConfigError("", "must be a JSON object")
-    by_key = {f.json_name: f for f in kind.message.DESCRIPTOR.fields}
     typed = kind.message()
-    for key, value in config.items():
-        field = by_key.get(key)
+    _read(typed, config, kind.name, "")
+    return typed
+
+
+def _read(typed: message.Message, config: Mapping[str, Any], kind_name: str, prefix: str) -> None:
+    by_key = {f.json_name: f for f in typed.DESCRIPTOR.fields}
+    for name, value in config.items():
+        key = f"{prefix}{name}"
+        field = by_key.get(name)
         if field is None:
-            raise ConfigError(key, f"is not a key of a {kind.name} config (keys: {', '.join(by_key)})")
+            raise ConfigError(key, f"is not a key of a {kind_name} config (keys: {', '.join(by_key)})")
         if value is None:
             continue
-        if field.is_repeated:
+        if field.type == FieldDescriptor.TYPE_MESSAGE and not field.is_repeated:
+            _message(getattr(typed, field.name), key, value, kind_name)
+        elif field.is_repeated:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(key, "must be a list of strings")
             if len(value) > MAX_ENTRIES:
@@ -74,7 +85,23 @@ def read_config(kind: PolicyKind, config: object) -> message.Message:
             getattr(typed, field.name).extend(value)
         else:
             setattr(typed, field.name, _scalar(key, field, value))
-    return typed
+
+
+def _message(target: message.Message, key: str, value: object, kind_name: str) -> None:
+    """A nested object: a free-form one (google.protobuf.Struct, e.g. a JSON Schema) as it is, bounded
+    in size; a typed one by the same rules as the config itself."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, "must be a JSON object")
+    if target.DESCRIPTOR.full_name == "google.protobuf.Struct":
+        if len(json.dumps(value)) > MAX_DOCUMENT:
+            raise ConfigError(key, f"must be at most {MAX_DOCUMENT} characters as JSON")
+        try:
+            json_format.ParseDict(value, target)
+        except json_format.ParseError as exc:
+            raise ConfigError(key, f"is not a JSON object ({exc})") from None
+        return
+    target.SetInParent()
+    _read(target, value, kind_name, f"{key}.")
 
 
 def _text(key: str, value: str) -> str:

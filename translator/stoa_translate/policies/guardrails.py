@@ -1,0 +1,130 @@
+"""guardrails → the processing service (`envoy.filters.http.ext_proc`), on the routes it applies to.
+
+The listener's ext_proc filter is inert (every phase skipped: no stream is opened); a guarded route
+switches on the phases its direction needs: request headers and the buffered request body, response
+headers and the buffered response body (the service turns a server-sent event stream into streamed
+mode itself). The rules travel to the service in its policy set (`stoa.proc.v1.Guardrails`); the
+route only names itself in the stream's metadata.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import re2
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from google.protobuf import json_format, struct_pb2
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from stoa_proto import proc_pb2
+
+from stoa_translate.filters import EXT_PROC_FILTER, PROC_ROUTE_METADATA, ext_proc_filter
+from stoa_translate.policies.kind import ConfigError, PolicyKind
+
+DIRECTIONS = ("request", "response", "both")
+PII_KINDS = ("email", "card", "iban", "phone")
+PII_ACTIONS = ("block", "redact")
+_QUIET = re2.Options()
+_QUIET.log_errors = False  # a refused pattern is reported in the refusal, not on stderr
+
+
+@dataclass(frozen=True)
+class Guardrails:
+    policy_id: str
+    direction: str
+    max_body_bytes: int  # 0 = the service's limit
+    block_patterns: tuple[str, ...]
+    pii_kinds: tuple[str, ...]
+    pii_action: str
+    # Canonical JSON text ("" for none): the IR stays hashable.
+    json_schema: str
+
+    @property
+    def request_buffer_bytes(self) -> int | None:
+        """The request body is buffered whole for inspection, up to this limit (0: the default)."""
+        return self.max_body_bytes if self.direction in ("request", "both") else None
+
+    def message(self) -> proc_pb2.Guardrails:
+        rules = proc_pb2.Guardrails(
+            direction=self.direction, max_body_bytes=self.max_body_bytes, block_patterns=self.block_patterns
+        )
+        if self.pii_kinds:
+            rules.pii.CopyFrom(proc_pb2.PiiRule(kinds=self.pii_kinds, action=self.pii_action))
+        if self.json_schema:
+            schema = struct_pb2.Struct()
+            json_format.Parse(self.json_schema, schema)
+            rules.json_schema.CopyFrom(schema)
+        return rules
+
+
+def parse(policy_id: str, config: proc_pb2.Guardrails) -> Guardrails:
+    direction = config.direction or "request"
+    if direction not in DIRECTIONS:
+        raise ConfigError("direction", f"must be one of {', '.join(DIRECTIONS)}")
+    patterns = tuple(config.block_patterns)
+    for i, pattern in enumerate(patterns):
+        try:
+            re2.compile(pattern, _QUIET)
+        except re2.error:
+            raise ConfigError(f"blockPatterns[{i}]", "is not an RE2 pattern") from None
+    kinds = tuple(config.pii.kinds)
+    if not all(k in PII_KINDS for k in kinds) or len(set(kinds)) != len(kinds):
+        raise ConfigError("pii.kinds", f"must be distinct entries of {', '.join(PII_KINDS)}")
+    action = config.pii.action or ("block" if kinds else "")
+    if kinds and action not in PII_ACTIONS:
+        raise ConfigError("pii.action", f"must be one of {', '.join(PII_ACTIONS)}")
+    if action and not kinds:
+        raise ConfigError("pii.kinds", "must name at least one kind when an action is given")
+    schema = json_format.MessageToDict(config.json_schema) if config.HasField("json_schema") else None
+    if schema is not None:
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            raise ConfigError("jsonSchema", f"is not a valid JSON Schema ({exc.message})") from None
+    if not (patterns or kinds or schema or config.max_body_bytes):
+        raise ConfigError("", "needs blockPatterns, pii, jsonSchema or maxBodyBytes")
+    return Guardrails(
+        policy_id=policy_id,
+        direction=direction,
+        max_body_bytes=config.max_body_bytes,
+        block_patterns=patterns,
+        pii_kinds=kinds,
+        pii_action=action,
+        json_schema=json.dumps(schema, sort_keys=True, separators=(",", ":")) if schema else "",
+    )
+
+
+def normalised(rules: Guardrails) -> proc_pb2.Guardrails:
+    return rules.message()
+
+
+def processing_mode(direction: str) -> ProcessingMode:
+    request = direction in ("request", "both")
+    response = direction in ("response", "both")
+    return ProcessingMode(
+        # The request headers always: they open the stream and carry the size a body declares.
+        request_header_mode=ProcessingMode.SEND,
+        request_body_mode=ProcessingMode.BUFFERED if request else ProcessingMode.NONE,
+        response_header_mode=ProcessingMode.SEND if response else ProcessingMode.SKIP,
+        response_body_mode=ProcessingMode.BUFFERED if response else ProcessingMode.NONE,
+        request_trailer_mode=ProcessingMode.SKIP,
+        response_trailer_mode=ProcessingMode.SKIP,
+    )
+
+
+def route_config(route_id: str, rules: Guardrails) -> ext_proc_pb2.ExtProcPerRoute:
+    # The policy-set version is added on the virtual host (Envoy merges the two levels' metadata).
+    return ext_proc_pb2.ExtProcPerRoute(
+        overrides=ext_proc_pb2.ExtProcOverrides(
+            processing_mode=processing_mode(rules.direction),
+            grpc_initial_metadata=[base_pb2.HeaderValue(key=PROC_ROUTE_METADATA, value=route_id)],
+        )
+    )
+
+
+KIND = PolicyKind(
+    "guardrails", EXT_PROC_FILTER, proc_pb2.Guardrails, parse, normalised, ext_proc_filter, route_config
+)
