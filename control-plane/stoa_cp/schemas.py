@@ -7,7 +7,15 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+)
 from stoa_translate import fields
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -107,6 +115,15 @@ class ApiAuth(Strict):
     scopes: Scopes = []
     # The upstream also gets the client's credential (by default it is removed once checked).
     forward_credential: bool = False
+    # The upstream gets the signed identity envelope; the authorization service then decides the API.
+    envelope: bool = False
+
+    @field_validator("envelope")
+    @classmethod
+    def _envelope_needs_a_token(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("mode") == "none":
+            raise ValueError("the identity envelope carries a verified token's identity: mode must be jwt")
+        return value
 
 
 class ApiFields(Strict):

@@ -64,7 +64,7 @@ async def test_api_crud_with_defaults(api) -> None:
     body = created.json()
     assert body["path_prefix"] == f"/apis/{api_id}"
     assert body["methods"] == ["GET", "POST"]
-    assert body["auth"] == {"mode": "jwt", "scopes": [], "forward_credential": False}
+    assert body["auth"] == {"mode": "jwt", "scopes": [], "forward_credential": False, "envelope": False}
     assert body["timeout_ms"] is None
 
     update = {
@@ -73,7 +73,7 @@ async def test_api_crud_with_defaults(api) -> None:
         "path_prefix": "/orders",
         "methods": ["GET"],
         "timeout_ms": 2500,
-        "auth": {"mode": "none", "forward_credential": True},
+        "auth": {"mode": "jwt", "forward_credential": True, "envelope": True},
     }
     updated = await api.admin.put(f"/v1/tenants/{tenant_id}/apis/{api_id}", json=update)
     assert updated.status_code == 200, updated.text
@@ -82,7 +82,7 @@ async def test_api_crud_with_defaults(api) -> None:
         "Orders v2",
         "/orders",
         2500,
-        {"mode": "none", "scopes": [], "forward_credential": True},
+        {"mode": "jwt", "scopes": [], "forward_credential": True, "envelope": True},
     )
     listed = (await api.admin.get(f"/v1/tenants/{tenant_id}/apis")).json()
     assert [a["api_id"] for a in listed] == [api_id]
@@ -139,6 +139,7 @@ BAD_APIS = [
     ({"timeout_ms": 0}, "timeout_ms"),
     ({"auth": {"mode": "basic"}}, "auth.mode"),
     ({"auth": {"mode": "jwt", "scopes": ["has space"]}}, "auth.scopes"),
+    ({"auth": {"mode": "none", "envelope": True}}, "auth.envelope"),
     ({"surprise": 1}, "surprise"),
     # What PostgreSQL cannot store, and upstreams the Link would refuse, are refused here already.
     ({"name": "a\u0000b"}, "name"),

@@ -36,6 +36,7 @@ async def test_deploy_undeploy_redeploy_generations_and_tombstones(api) -> None:
             "auth_mode": "jwt",
             "scopes": ["orders:read"],
             "forward_credential": False,
+            "envelope": False,
         }
     ]
     assert inv["tombstones"] == []

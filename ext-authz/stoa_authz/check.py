@@ -22,13 +22,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import grpc
+from envoy.config.core.v3.base_pb2 import Metadata
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 from envoy.service.auth.v3.attribute_context_pb2 import AttributeContext
 
 from stoa_authz import respond
 from stoa_authz.authorise import authorise
 from stoa_authz.envelope import Envelope
-from stoa_authz.identify import LEEWAY_S, Identifier, bearer_token
+from stoa_authz.identify import LEEWAY_S, Identifier, Identity, bearer_token
 from stoa_authz.log import DecisionLog
 from stoa_authz.normalise import normalise
 from stoa_authz.policy import PolicySet, PolicyStore, Route
@@ -91,7 +92,7 @@ class Decider:
         http = attributes.request.http
         rid = request_id(http)
         try:
-            response = self._phases(ext, http, rid)
+            response = self._phases(ext, http, rid, attributes.metadata_context)
             reason = Reason.ALLOWED
         except Deny as denial:
             reason = denial.reason
@@ -114,7 +115,7 @@ class Decider:
         return response
 
     def _phases(
-        self, ext: Mapping[str, str], http: AttributeContext.HttpRequest, rid: str
+        self, ext: Mapping[str, str], http: AttributeContext.HttpRequest, rid: str, metadata: Metadata
     ) -> external_auth_pb2.CheckResponse:
         if not self._config.audience:
             raise Deny(Reason.NOT_CONFIGURED)
@@ -127,11 +128,14 @@ class Decider:
             raise Deny(Reason.UNKNOWN_ROUTE)
         if route.auth_none:
             return respond.allow(route.grant, stripped.inbound_identity)
-        decision = self._decision(bearer_token(stripped.authorization), route, policy)
+        if route.verified_by_envoy:
+            decision = self._decided(self._identifier.from_envoy(metadata), route)
+        else:
+            decision = self._decision(bearer_token(stripped.authorization), route, policy)
         if decision.denial is not None:
             raise Deny(decision.denial)
         assert decision.grant is not None
-        envelope = self._envelope.mint(decision.claims_prefix, rid)
+        envelope = self._envelope.mint(decision.claims_prefix, rid) if route.envelope else None
         return respond.allow(decision.grant, stripped.inbound_identity, envelope)
 
     def _decision(self, token: str, route: Route, policy: PolicySet) -> Decision:
@@ -144,18 +148,7 @@ class Decider:
             cache.pop(key, None)
             raise Deny(Reason.EXPIRED_TOKEN)
         identity = self._identifier.identify(token, route)  # Deny for anything not verified: not cached
-        try:
-            authorise(identity, route, self._config.required_scopes)
-            decision = Decision(
-                identity.expires_at,
-                None,
-                respond.grant(route.tenant_id, route.api_id, identity.subject),
-                self._envelope.claims_prefix(
-                    route.tenant_id, route.api_id, identity.subject, identity.scopes
-                ),
-            )
-        except Deny as denial:
-            decision = Decision(identity.expires_at, denial.reason)
+        decision = self._decided(identity, route)
         if self._config.cache_size:
             cache[key] = decision
             # Other threads evict too: an empty cache here is not an error.
@@ -163,6 +156,20 @@ class Decider:
                 while len(cache) > self._config.cache_size:
                     cache.popitem(last=False)
         return decision
+
+    def _decided(self, identity: Identity, route: Route) -> Decision:
+        """The outcome for a verified identity on `route`."""
+        try:
+            authorise(identity, route, self._config.required_scopes)
+        except Deny as denial:
+            return Decision(identity.expires_at, denial.reason)
+        prefix = ""
+        if route.envelope:
+            prefix = self._envelope.claims_prefix(
+                route.tenant_id, route.api_id, identity.subject, identity.scopes
+            )
+        grant = respond.grant(route.tenant_id, route.api_id, identity.subject, envelope=route.envelope)
+        return Decision(identity.expires_at, None, grant, prefix)
 
 
 class AuthorizationService(external_auth_pb2_grpc.AuthorizationServicer):

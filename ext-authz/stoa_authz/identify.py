@@ -8,6 +8,10 @@ upstream header: one holding a control character is an invalid token (Envoy woul
 and the client would get a retryable 503 instead of a 401). An unknown `kid` triggers at most one
 bounded JWKS fetch per issuer and interval. (Check caches the decision for a verified token until
 the token expires.)
+
+On a route whose token Envoy's `jwt_authn` filter verified, the identity is read from that filter's
+verified payload in the Check's `metadata_context`, under the filter's own namespace only: dynamic
+metadata is written by Envoy's filters, never by a client, and no other namespace is read.
 """
 
 from __future__ import annotations
@@ -22,17 +26,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from envoy.config.core.v3.base_pb2 import Metadata
+from google.protobuf import json_format
 from joserfc import jwt
 from joserfc.errors import ExpiredTokenError, JoseError
 from joserfc.jwt import JWTClaimsRegistry
+from stoa_proto.decisions import BEARER_SCHEMES, CLOCK_SKEW_S
 
 from stoa_authz.policy import PolicyError, Route, TrustedIssuer, VerificationKey, parse_jwks
 from stoa_authz.reasons import Deny, Reason
 
-LEEWAY_S = 30
+LEEWAY_S = CLOCK_SKEW_S
 DEFAULT_MAX_LIFETIME_S = 86_400
 REFRESH_INTERVAL_S = 30.0
 _MAX_TOKEN_BYTES = 16_384
+# Where jwt_authn puts the payload of the token it verified (the Link configures the same key).
+JWT_AUTHN_NAMESPACE = "envoy.filters.http.jwt_authn"
+VERIFIED_PAYLOAD_KEY = "payload"
 
 log = logging.getLogger("stoa_authz.identify")
 
@@ -69,11 +79,44 @@ def granted_scopes(claims: dict[str, Any]) -> frozenset[str]:
     return frozenset(scopes)
 
 
+def identity_of(claims: dict[str, Any], tenant_claim: str) -> Identity:
+    """The identity in the claims of a verified token (exp is required by both verifiers)."""
+    try:
+        expires_at = float(claims["exp"])
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        # OverflowError: an integer beyond any date (the library checks only its type).
+        raise Deny(Reason.INVALID_TOKEN) from exc
+    subject = claims.get("sub")
+    # Copied into an upstream header: one holding a control character is an invalid token (Envoy
+    # would refuse the header and the client would get a retryable 503 instead of a 401).
+    if not isinstance(subject, str) or not subject or not subject.isprintable():
+        raise Deny(Reason.INVALID_TOKEN)
+    tenant = claims.get(tenant_claim)
+    return Identity(
+        subject=subject,
+        tenant=tenant if isinstance(tenant, str) else None,
+        scopes=granted_scopes(claims),
+        expires_at=expires_at,
+    )
+
+
+def verified_payload(metadata: Metadata) -> dict[str, Any]:
+    """The payload jwt_authn verified for this request. Its absence on a route whose token Envoy
+    verifies means Envoy was not configured as the policy set says: fail closed."""
+    namespace = metadata.filter_metadata.get(JWT_AUTHN_NAMESPACE)
+    if namespace is None or VERIFIED_PAYLOAD_KEY not in namespace.fields:
+        raise Deny(Reason.INTERNAL_ERROR)
+    payload = namespace.fields[VERIFIED_PAYLOAD_KEY]
+    if payload.WhichOneof("kind") != "struct_value":
+        raise Deny(Reason.INTERNAL_ERROR)
+    return json_format.MessageToDict(payload.struct_value)
+
+
 def bearer_token(authorization: str | None) -> str:
     if not authorization:
         raise Deny(Reason.MISSING_TOKEN)
     scheme, _, token = authorization.strip().partition(" ")
-    if scheme.lower() != "bearer":
+    if scheme not in BEARER_SCHEMES:
         raise Deny(Reason.MISSING_TOKEN)
     token = token.strip()
     if not token or len(token) > _MAX_TOKEN_BYTES:
@@ -115,7 +158,8 @@ class Identifier:
             raise Deny(Reason.INVALID_TOKEN) from exc
         issuer_name = unverified.get("iss")
         if not isinstance(issuer_name, str) or not issuer_name:
-            raise Deny(Reason.INVALID_TOKEN)
+            # Named no issuer the route trusts (Envoy's jwt_authn says the same: issuer not configured).
+            raise Deny(Reason.WRONG_ISSUER)
         issuer = route.issuers.get(issuer_name)
         if issuer is None:
             raise Deny(Reason.WRONG_ISSUER)
@@ -139,25 +183,23 @@ class Identifier:
         except JoseError as exc:  # missing or invalid claim: aud has its own reason
             wrong_aud = getattr(exc, "claim", "") == "aud"
             raise Deny(Reason.WRONG_AUDIENCE if wrong_aud else Reason.INVALID_TOKEN) from exc
+        identity = identity_of(claims, self._tenant_claim)
         issued_at = claims.get("iat")
         try:
-            expires_at = float(claims["exp"])
             # The library checks iat's type only when present; anything else counts from now.
             start = float(issued_at) if isinstance(issued_at, int | float) else self.clock()
         except OverflowError as exc:  # an integer beyond any date (the library checks only its type)
             raise Deny(Reason.INVALID_TOKEN) from exc
-        if expires_at - start > self._max_lifetime_s:
+        if identity.expires_at - start > self._max_lifetime_s:
             raise Deny(Reason.INVALID_TOKEN)
-        subject = claims["sub"]
-        if not isinstance(subject, str) or not subject or not subject.isprintable():
-            raise Deny(Reason.INVALID_TOKEN)
-        tenant = claims.get(self._tenant_claim)
-        return Identity(
-            subject=subject,
-            tenant=tenant if isinstance(tenant, str) else None,
-            scopes=granted_scopes(claims),
-            expires_at=expires_at,
-        )
+        return identity
+
+    def from_envoy(self, metadata: Metadata) -> Identity:
+        """The identity of a token Envoy verified (the route says so); never verified again here."""
+        identity = identity_of(verified_payload(metadata), self._tenant_claim)
+        if self.clock() > identity.expires_at + LEEWAY_S:  # cannot happen unless clocks disagree
+            raise Deny(Reason.EXPIRED_TOKEN)
+        return identity
 
     def _key(self, issuer: TrustedIssuer, kid: str) -> VerificationKey | None:
         key = self._pick(issuer.keys, kid)

@@ -47,6 +47,10 @@ class Route:
     api_id: str
     auth_none: bool
     scopes: frozenset[str]
+    # Envoy's jwt_authn verified the token: the Check reads its payload and never verifies again.
+    verified_by_envoy: bool
+    # An allow carries the signed identity envelope.
+    envelope: bool
     # This route's tenant's trusted issuers, by issuer URL.
     issuers: dict[str, TrustedIssuer]
     # The allow headers of this route without a subject (auth mode none), built at load.
@@ -178,12 +182,16 @@ def _compile_route(
         raise PolicyError(f"{where}: unsupported auth mode {route.auth_mode!r}")
     if any(not scope.strip() for scope in route.scopes):
         raise PolicyError(f"{where}: blank scope")
+    if route.verified_by_envoy and route.auth_mode == "none":
+        raise PolicyError(f"{where}: a route without a token cannot have it verified by Envoy")
     return Route(
         route_id=route.route_id,
         tenant_id=route.tenant_id,
         api_id=route.api_id,
         auth_none=route.auth_mode == "none",
         scopes=frozenset(route.scopes),
+        verified_by_envoy=route.verified_by_envoy,
+        envelope=route.envelope,
         issuers=issuers,
         grant=respond.grant(route.tenant_id, route.api_id),
     )

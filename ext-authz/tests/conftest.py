@@ -35,7 +35,8 @@ def check_request(
 
 
 def policy_message(idp: DevIdentityProvider, version: str = "v1") -> authz_pb2.AuthzPolicySet:
-    """Tenant acme: a jwt route `orders` (scope orders:read) and an auth-none route `open`."""
+    """Tenant acme: a jwt route `orders` (scope orders:read, with the envelope) and an auth-none
+    route `open`."""
     return authz_pb2.AuthzPolicySet(
         name="default",
         version=version,
@@ -43,7 +44,12 @@ def policy_message(idp: DevIdentityProvider, version: str = "v1") -> authz_pb2.A
         generation=1,
         routes=[
             authz_pb2.AuthzRoute(
-                route_id="orders", tenant_id="acme", api_id="orders", auth_mode="jwt", scopes=["orders:read"]
+                route_id="orders",
+                tenant_id="acme",
+                api_id="orders",
+                auth_mode="jwt",
+                scopes=["orders:read"],
+                envelope=True,
             ),
             authz_pb2.AuthzRoute(route_id="open", tenant_id="acme", api_id="open", auth_mode="none"),
         ],

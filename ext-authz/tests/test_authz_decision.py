@@ -107,6 +107,19 @@ CASES = [
     ("auth-none", lambda i, r: r(route_id="open", api_id="open"), Reason.ALLOWED, None),
     ("no-header", lambda i, r: r(), Reason.MISSING_TOKEN, 401),
     ("basic-scheme", lambda i, r: r({"authorization": "Basic dTpw"}), Reason.MISSING_TOKEN, 401),
+    (
+        "lower-case-scheme",
+        lambda i, r: r({"authorization": f"bearer {i.mint(**GOOD)}"}),
+        Reason.ALLOWED,
+        None,
+    ),
+    # The scheme in the spellings Envoy's jwt_authn also takes, so both placements answer alike.
+    (
+        "mixed-case-scheme",
+        lambda i, r: r({"authorization": f"BeArEr {i.mint(**GOOD)}"}),
+        Reason.MISSING_TOKEN,
+        401,
+    ),
     ("garbage", lambda i, r: r(bearer("not-a-jwt")), Reason.INVALID_TOKEN, 401),
     ("bad-signature", lambda i, r: r(bearer(i.bad_signature(**GOOD))), Reason.INVALID_TOKEN, 401),
     ("alg-none", lambda i, r: r(bearer(i.alg_none(**GOOD))), Reason.INVALID_TOKEN, 401),
@@ -126,7 +139,7 @@ CASES = [
     ),
     ("expired", lambda i, r: r(bearer(i.expired(**GOOD))), Reason.EXPIRED_TOKEN, 401),
     ("other-issuer", lambda i, r: r(bearer(i.other_issuer(**GOOD))), Reason.WRONG_ISSUER, 401),
-    ("no-iss", lambda i, r: r(bearer(i.mint(iss=None, **GOOD))), Reason.INVALID_TOKEN, 401),
+    ("no-iss", lambda i, r: r(bearer(i.mint(iss=None, **GOOD))), Reason.WRONG_ISSUER, 401),
     ("wrong-audience", lambda i, r: r(bearer(i.wrong_audience(**GOOD))), Reason.WRONG_AUDIENCE, 401),
     (
         "no-audience",
@@ -503,3 +516,79 @@ async def test_keys_of_another_tenant_and_cached_allows_stay_on_their_route(idp,
         "insufficient_scope",
     ]
     assert outcomes[3].denied_response.status.code == 403
+
+
+def with_verified_route(policy):
+    """The conftest's set plus `verified`: orders' rules, the token verified by Envoy, no envelope."""
+
+    def build(i, version):
+        message = policy(i, version)
+        message.routes.append(
+            authz_pb2.AuthzRoute(
+                route_id="verified",
+                tenant_id="acme",
+                api_id="verified",
+                auth_mode="jwt",
+                scopes=["orders:read"],
+                verified_by_envoy=True,
+            )
+        )
+        return message
+
+    return build
+
+
+def with_verified_payload(request, claims: dict, namespace: str = "envoy.filters.http.jwt_authn"):
+    """The request as Envoy sends it after jwt_authn verified a token: no authorization header
+    (not forwarded), the payload in the Check's metadata_context under the filter's namespace."""
+    request.attributes.metadata_context.filter_metadata[namespace].update({"payload": claims})
+    return request
+
+
+class NeverVerifies(Identifier):
+    def identify(self, token, route):
+        raise AssertionError("the service verified a token Envoy had verified")
+
+
+async def test_envoy_verified_route_reads_the_payload_and_never_verifies(idp, req, policy):
+    decider, _, log = make_decider(
+        idp, with_verified_route(policy), identifier=NeverVerifies(AUD, "tenant_id")
+    )
+    claims = idp.claims(tenant="acme", scope="orders:read", sub="client-9")
+    allowed = decider.decide(
+        with_verified_payload(
+            req({"x-stoa-identity": "forged"}, route_id="verified", api_id="verified"), claims
+        )
+    )
+    headers = headers_of(allowed)
+    assert headers["x-stoa-subject"] == "client-9"
+    assert headers["x-stoa-tenant-id"] == "acme"
+    # No envelope on this route: a forged one is removed, none is minted.
+    assert "x-stoa-identity" not in headers
+    assert list(allowed.ok_response.headers_to_remove) == ["x-stoa-identity"]
+    for other in ({"tenant_id": "globex"}, {"scope": "x"}):
+        denied = decider.decide(
+            with_verified_payload(req(route_id="verified", api_id="verified"), {**claims, **other})
+        )
+        assert denied.denied_response.status.code == 403
+    assert [e["reason"] for e in log.events()] == ["allowed", "tenant_mismatch", "insufficient_scope"]
+
+
+async def test_envoy_verified_route_trusts_only_jwt_authn_namespace(idp, req, policy):
+    """A payload anywhere else (another filter's namespace) is not a verified token, and a token in
+    the headers is not looked at: without jwt_authn's payload the route fails closed."""
+    decider, _, log = make_decider(idp, with_verified_route(policy))
+    claims = idp.claims(tenant="acme", scope="orders:read")
+    for request in (
+        with_verified_payload(req(route_id="verified", api_id="verified"), claims, namespace="some.filter"),
+        req(bearer(idp.mint(**GOOD)), route_id="verified", api_id="verified"),
+    ):
+        assert decider.decide(request).denied_response.status.code == 503
+    assert [e["reason"] for e in log.events()] == ["internal_error"] * 2
+
+
+async def test_payload_is_ignored_where_the_service_verifies(idp, req, policy):
+    """On a route whose token the service verifies, a payload in the metadata changes nothing."""
+    decider, _, _ = make_decider(idp, policy)
+    claims = idp.claims(tenant="acme", scope="orders:read")
+    assert decider.decide(with_verified_payload(req(), claims)).denied_response.status.code == 401

@@ -42,6 +42,12 @@ def console_script(name: str) -> str:
     return found
 
 
+def _events(process: SupervisedProcess, name: str) -> list[dict[str, Any]]:
+    lines = process.log_path.read_text(errors="replace").splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    return [e for e in events if name in (e.get("event"), e.get("message"))]
+
+
 def http_ok(url: str) -> bool:
     """True when `url` answers 200 (a readiness probe)."""
     return httpx.get(url, timeout=1.0).status_code == 200
@@ -127,7 +133,21 @@ class Site(Lifecycle):
             # connecting; 10 s (the default) is not enough on a loaded 2-core machine. It only
             # bounds a failure: an ACK or NACK ends the wait as soon as it arrives.
             "STOA_LINK_ACK_TIMEOUT_S": "30",
+            **self.decision_settings,
             **self.extra_link_env,
+        }
+
+    @property
+    def decision_settings(self) -> dict[str, str]:
+        """The service's decision settings, given to the Link too so that Envoy decides as it does
+        (a deployment sets both from the same values). The witness decides nothing: none."""
+        if self.authz_kind == "witness":
+            return {}
+        authz = self.authz_env
+        return {
+            f"STOA_LINK_{name}": authz[f"STOA_AUTHZ_{name}"]
+            for name in ("AUDIENCE", "REQUIRED_SCOPES", "TENANT_CLAIM", "MAX_TOKEN_LIFETIME_S")
+            if f"STOA_AUTHZ_{name}" in authz
         }
 
     @property
@@ -201,9 +221,12 @@ class Site(Lifecycle):
     def authz_events(self, name: str) -> list[dict[str, Any]]:
         """The JSON events `stoa-authz` logged so far whose `event` or `message` is `name`, oldest first."""
         assert self.authz is not None, "this site runs the witness, not stoa-authz"
-        lines = self.authz.log_path.read_text(errors="replace").splitlines()
-        events = [json.loads(line) for line in lines if line.startswith("{")]
-        return [e for e in events if name in (e.get("event"), e.get("message"))]
+        return _events(self.authz, name)
+
+    def link_events(self, name: str) -> list[dict[str, Any]]:
+        """The JSON events the Link logged so far whose `event` is `name`, oldest first."""
+        assert self.link is not None
+        return _events(self.link, name)
 
     def _start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)

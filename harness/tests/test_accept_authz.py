@@ -38,14 +38,21 @@ def estate(idp: DevIdentityProvider, estates: Callable[..., Estate]) -> Estate:
     options = EstateOptions(
         authz="service",
         authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE},
-        link_env={"STOA_LINK_EXTRA_IDENTITY_HEADERS": SITE_IDENTITY_HEADERS},
+        # This module is about the service itself: every route through it (the differential test holds
+        # the native placement to the same answers).
+        link_env={
+            "STOA_LINK_EXTRA_IDENTITY_HEADERS": SITE_IDENTITY_HEADERS,
+            "STOA_LINK_DECISION_PLACEMENT": "service",
+        },
     )
     running = estates(options, "estate-authz")
     running.admin.create_tenant("demo", exist_ok=True)
     running.admin.create_tenant("other", exist_ok=True)
     running.admin.add_issuer("demo", idp.issuer, idp.jwks_uri)
     up = running.upstream.url
-    running.publish("orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"]})
+    running.publish(
+        "orders", tenant_id="demo", auth={"mode": "jwt", "scopes": ["orders:read"], "envelope": True}
+    )
     running.publish("open", tenant_id="demo", auth=OPEN)
     running.publish(
         "forwarding",

@@ -46,7 +46,8 @@ def estate(idp: DevIdentityProvider, estates: Callable[..., Estate]) -> Estate:
         authz="service",
         authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE},
         # The rollout test holds Envoy still mid-publication; leave it room before the ACK deadline.
-        link_env={"STOA_LINK_ACK_TIMEOUT_S": "30"},
+        # Every route through the service: this module is about the service's policy-set rollout.
+        link_env={"STOA_LINK_ACK_TIMEOUT_S": "30", "STOA_LINK_DECISION_PLACEMENT": "service"},
     )
     running = estates(options, "estate-rollout")
     running.admin.create_tenant("demo", exist_ok=True)
@@ -229,6 +230,7 @@ def test_route_built_with_set_n_is_decided_with_n_while_n_plus_1_rolls_out(
 def unconfigured(estates: Callable[..., Estate]) -> Estate:
     """stoa-authz without STOA_AUTHZ_AUDIENCE (development: it starts, warns and denies)."""
     options = EstateOptions(authz="service", authz_env={"STOA_AUTHZ_AUDIENCE": ""})
+    # Without the audience no route is decided by Envoy either: the service denies everything.
     running = estates(options, "estate-no-aud")
     running.admin.wait_synced(running.publish("open", tenant_id="demo", auth={"mode": "none", "scopes": []}))
     running.admin.wait_synced(

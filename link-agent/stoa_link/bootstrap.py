@@ -20,6 +20,11 @@ _CANDIDATES = (
 )
 
 
+# The name of the ADS cluster in envoy/bootstrap.yaml: Envoy also sends its native denials' access
+# log on it (to the Link's same authenticated server).
+ADS_CLUSTER = "stoa-ads"
+
+
 def template_path() -> Path:
     for path in _CANDIDATES:
         if path.is_file():

@@ -61,11 +61,13 @@ def load_settings() -> LinkSettings:
 
 
 def _run(settings: LinkSettings) -> None:
+    from envoy.service.accesslog.v3 import als_pb2_grpc
     from stoa_translate import TranslateOptions, Translator
 
     from stoa_link.ads import AdsServer, TlsMaterial
     from stoa_link.agent import Agent, InventoryStore, run_agent
     from stoa_link.cp_client import CpClient
+    from stoa_link.envoy_decisions import EnvoyDecisions
     from stoa_link.health import HttpEndpoints
     from stoa_link.metrics import link_families
     from stoa_link.reporter import Reporter
@@ -81,6 +83,12 @@ def _run(settings: LinkSettings) -> None:
             ext_authz_timeout_ms=settings.ext_authz_timeout_ms,
             extra_identity_headers=settings.identity_headers_added,
             ext_proc_address=settings.ext_proc_address,
+            decision_placement=settings.decision_placement,
+            audience=settings.audience,
+            required_scopes=tuple(settings.required_scopes),
+            tenant_claim=settings.tenant_claim,
+            max_token_lifetime_s=settings.max_token_lifetime_s,
+            decision_log_cluster=bootstrap.ADS_CLUSTER,
         )
     except (ValueError, FileNotFoundError) as exc:
         raise StartupError(str(exc)) from None
@@ -94,7 +102,14 @@ def _run(settings: LinkSettings) -> None:
         identities[settings.authz_san] = (AUTHZ_POLICY_SET,)
     if settings.proc_san:
         identities[settings.proc_san] = (PROC_POLICY_SET,)
-    ads = AdsServer(settings.ads_address, tls, identities, settings.ack_timeout_s)
+    decisions = EnvoyDecisions(settings.envoy_san, lambda: ads.acked_snapshot)
+    ads = AdsServer(
+        settings.ads_address,
+        tls,
+        identities,
+        settings.ack_timeout_s,
+        services=[lambda server: als_pb2_grpc.add_AccessLogServiceServicer_to_server(decisions, server)],
+    )
     credential = settings.gateway_credential.get_secret_value()
     reporter = Reporter(settings.cp_url, settings.gateway_id, credential)
     cp = CpClient(settings.cp_url, settings.gateway_id, credential)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from stoa_proto import client_headers
 
 
@@ -76,6 +76,28 @@ class LinkSettings(BaseSettings):
     # Comma-separated identity header names this site's upstreams trust ("x-corp-*" for a prefix),
     # stripped from clients on top of stoa_proto.client_headers (whose defaults cannot be removed).
     extra_identity_headers: str = ""
+    # Where route decisions run: "auto" (Envoy's built-in filters where they decide exactly what the
+    # authorization service would) or "service" (every route through the service).
+    decision_placement: Literal["auto", "service"] = "auto"
+    # The authorization service's own settings, which Envoy needs to decide as it does (same values
+    # as STOA_AUTHZ_AUDIENCE, _REQUIRED_SCOPES, _TENANT_CLAIM, _MAX_TOKEN_LIFETIME_S). Without an
+    # audience no route is decided by Envoy.
+    audience: str = ""
+    required_scopes: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    tenant_claim: str = "tenant_id"
+    max_token_lifetime_s: int = Field(default=86_400, ge=60)
+
+    @field_validator("audience")
+    @classmethod
+    def _strip_audience(cls, value: str) -> str:
+        return value.strip()
+
+    @field_validator("required_scopes", mode="before")
+    @classmethod
+    def _split_scopes(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @field_validator("ads_address")
     @classmethod

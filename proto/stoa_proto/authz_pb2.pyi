@@ -8,18 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AuthzRoute(_message.Message):
-    __slots__ = ("route_id", "tenant_id", "api_id", "auth_mode", "scopes")
+    __slots__ = ("route_id", "tenant_id", "api_id", "auth_mode", "scopes", "verified_by_envoy", "envelope")
     ROUTE_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     API_ID_FIELD_NUMBER: _ClassVar[int]
     AUTH_MODE_FIELD_NUMBER: _ClassVar[int]
     SCOPES_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_BY_ENVOY_FIELD_NUMBER: _ClassVar[int]
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     route_id: str
     tenant_id: str
     api_id: str
     auth_mode: str
     scopes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ...) -> None: ...
+    verified_by_envoy: bool
+    envelope: bool
+    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., verified_by_envoy: _Optional[bool] = ..., envelope: _Optional[bool] = ...) -> None: ...
 
 class AuthzPolicySet(_message.Message):
     __slots__ = ("name", "version", "gateway_id", "generation", "routes", "issuers")

@@ -41,7 +41,7 @@ ACK_TIMEOUT: FailureReason
 INCONSISTENT_SNAPSHOT: FailureReason
 
 class Route(_message.Message):
-    __slots__ = ("route_id", "tenant_id", "api_id", "path_prefix", "methods", "upstream_url", "timeout_ms", "auth_mode", "scopes", "forward_credential")
+    __slots__ = ("route_id", "tenant_id", "api_id", "path_prefix", "methods", "upstream_url", "timeout_ms", "auth_mode", "scopes", "forward_credential", "envelope")
     ROUTE_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     API_ID_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class Route(_message.Message):
     AUTH_MODE_FIELD_NUMBER: _ClassVar[int]
     SCOPES_FIELD_NUMBER: _ClassVar[int]
     FORWARD_CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     route_id: str
     tenant_id: str
     api_id: str
@@ -62,7 +63,8 @@ class Route(_message.Message):
     auth_mode: str
     scopes: _containers.RepeatedScalarFieldContainer[str]
     forward_credential: bool
-    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., path_prefix: _Optional[str] = ..., methods: _Optional[_Iterable[str]] = ..., upstream_url: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., forward_credential: _Optional[bool] = ...) -> None: ...
+    envelope: bool
+    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., path_prefix: _Optional[str] = ..., methods: _Optional[_Iterable[str]] = ..., upstream_url: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., forward_credential: _Optional[bool] = ..., envelope: _Optional[bool] = ...) -> None: ...
 
 class Policy(_message.Message):
     __slots__ = ("policy_id", "type", "scope", "targets", "tenant_id", "applicable", "cors", "rate_limit", "ip_filter", "guardrails")

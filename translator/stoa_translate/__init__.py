@@ -13,6 +13,7 @@ from stoa_proto import inventory_pb2
 
 from stoa_translate import ir
 from stoa_translate.clusters import render_clusters
+from stoa_translate.decision.placement import placed
 from stoa_translate.listener import render_listener
 from stoa_translate.options import TranslateOptions
 from stoa_translate.policy_set import render_policy_set, render_proc_policy_set
@@ -51,6 +52,7 @@ class Translator:
     def translate(self, inventory: inventory_pb2.Inventory) -> Snapshot:
         """Render `inventory`; raises `stoa_translate.refusal.Refusal` when it cannot be expressed safely."""
         site, resolved = ir.build(inventory, self._resolved)
+        site = placed(site, self.options)
         # The routes carry the policy-set version, so the set is rendered first.
         policy_set = render_policy_set(site)
         proc_set = render_proc_policy_set(site)

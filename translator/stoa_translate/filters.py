@@ -7,7 +7,9 @@ this module says where in the chain each filter stands, and why.
 
 from __future__ import annotations
 
+from envoy.config.accesslog.v3 import accesslog_pb2
 from envoy.config.core.v3 import base_pb2, config_source_pb2, grpc_service_pb2
+from envoy.extensions.access_loggers.filters.cel.v3 import cel_pb2
 from envoy.extensions.filters.http.buffer.v3 import buffer_pb2
 from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
@@ -25,6 +27,11 @@ BUFFER_FILTER = "envoy.filters.http.buffer"
 RATE_LIMIT_FILTER = "envoy.filters.http.local_ratelimit"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 ROUTER_FILTER = "envoy.filters.http.router"
+JWT_AUTHN_FILTER = "envoy.filters.http.jwt_authn"
+# Two more instances of the rbac filter, each its own name in the chain and its own per-route key:
+# the request's form, and the verified token's claims (`stoa_translate.decision.claims`).
+REQUEST_RBAC_FILTER = "stoa.rbac.request"
+CLAIMS_RBAC_FILTER = "stoa.rbac.claims"
 
 EXT_AUTHZ_CLUSTER = "stoa-ext-authz"
 EXT_PROC_CLUSTER = "stoa-ext-proc"
@@ -47,7 +54,19 @@ HTTP_FILTER_ORDER: tuple[tuple[str, str], ...] = (
         "413, before a filter holds the headers waiting on a call (with ext_authz holding them, a body "
         "past Envoy's buffer limit stalls instead of getting 413)",
     ),
-    (EXT_AUTHZ_FILTER, "the authorization service decides every request that gets this far"),
+    (
+        REQUEST_RBAC_FILTER,
+        "before the token is read: a repeated credential is a malformed request (400), as the service says",
+    ),
+    (JWT_AUTHN_FILTER, "the token, after the address rules and before anything reads its claims"),
+    (
+        CLAIMS_RBAC_FILTER,
+        "tenant and scopes on the payload jwt_authn verified: a route Envoy decides ends here, no Check",
+    ),
+    (
+        EXT_AUTHZ_FILTER,
+        "the authorization service decides every route Envoy does not (disabled on the routes it does)",
+    ),
     (RATE_LIMIT_FILTER, "after the Check: only authorized requests spend the route's tokens"),
     (
         EXT_PROC_FILTER,
@@ -62,16 +81,29 @@ DISABLED_BY_DEFAULT = (BUFFER_FILTER,)
 PROC_DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 
+def cel_filter(expression: str) -> accesslog_pb2.AccessLogFilter:
+    """Selects responses (a local-reply mapper's or an access log's) by a CEL expression."""
+    return accesslog_pb2.AccessLogFilter(
+        extension_filter=accesslog_pb2.ExtensionFilter(
+            name="envoy.access_loggers.extension_filters.cel",
+            typed_config=packed(cel_pb2.ExpressionFilter(expression=expression)),
+        )
+    )
+
+
 def packed(config: object) -> any_pb2.Any:
     wrapped = any_pb2.Any()
     wrapped.Pack(config)  # type: ignore[arg-type]
     return wrapped
 
 
-def ext_authz_filter(options: TranslateOptions) -> ext_authz_pb2.ExtAuthz:
+def ext_authz_filter(options: TranslateOptions, verified_tokens: bool = False) -> ext_authz_pb2.ExtAuthz:
+    """`verified_tokens`: some route's token is verified by jwt_authn before its Check, which then
+    carries the verified payload (the filter's own namespace only)."""
     timeout = duration_pb2.Duration()
     timeout.FromMilliseconds(options.ext_authz_timeout_ms)
     return ext_authz_pb2.ExtAuthz(
+        metadata_context_namespaces=[JWT_AUTHN_FILTER] if verified_tokens else [],
         grpc_service=grpc_service_pb2.GrpcService(
             envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=EXT_AUTHZ_CLUSTER),
             timeout=timeout,
@@ -125,17 +157,16 @@ def router_filter() -> message.Message:
     return router_pb2.Router(suppress_envoy_headers=True)
 
 
+# For an entry Envoy answers itself (a refusal) or decides itself: no Check.
+EXT_AUTHZ_DISABLED = ext_authz_pb2.ExtAuthzPerRoute(disabled=True)
+
+
 def ext_authz_route(tenant_id: str, api_id: str, route_id: str) -> ext_authz_pb2.ExtAuthzPerRoute:
     return ext_authz_pb2.ExtAuthzPerRoute(
         check_settings=ext_authz_pb2.CheckSettings(
             context_extensions={"tenant_id": tenant_id, "api_id": api_id, "route_id": route_id}
         )
     )
-
-
-def no_ext_authz_route() -> ext_authz_pb2.ExtAuthzPerRoute:
-    """For an entry Envoy answers itself (a refusal): nothing to decide."""
-    return ext_authz_pb2.ExtAuthzPerRoute(disabled=True)
 
 
 def virtual_host_configs(policy_set_version: str, proc_version: str | None) -> dict[str, any_pb2.Any]:

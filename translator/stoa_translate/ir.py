@@ -59,8 +59,12 @@ class RouteIR:
     scopes: tuple[str, ...]
     # The client's Authorization reaches the upstream (only ever removed when the route checks a token).
     forward_credential: bool = False
+    # The upstream gets the signed identity envelope (so the authorization service decides).
+    envelope: bool = False
     # (kind name, the kind's IR), by kind name: at most one policy of a kind per route.
     policies: tuple[tuple[str, Any], ...] = ()
+    # Where the route's decision runs (`stoa_translate.decision.placement`); set after `build`.
+    placement: str = "service"
 
     def policy(self, kind: str) -> Any | None:
         return next((ir for name, ir in self.policies if name == kind), None)
@@ -176,6 +180,8 @@ def _route(route: inventory_pb2.Route, backends: dict[str, tuple[Backend, str] |
         scopes = tuple(fields.scopes(route.scopes))
     except ValueError as exc:
         raise _invalid(f"{where}: {exc}") from None
+    if route.envelope and auth_mode == "none":
+        raise _invalid(f"{where}: the identity envelope needs a token (auth_mode jwt)")
     return RouteIR(
         route_id=route.route_id,
         tenant_id=route.tenant_id,
@@ -188,6 +194,7 @@ def _route(route: inventory_pb2.Route, backends: dict[str, tuple[Backend, str] |
         auth_mode=auth_mode,
         scopes=scopes,
         forward_credential=route.forward_credential,
+        envelope=route.envelope,
     )
 
 

@@ -13,11 +13,13 @@ from envoy.config.core.v3 import (
     base_pb2,
     config_source_pb2,
     extension_pb2,
+    grpc_service_pb2,
     protocol_pb2,
     substitution_format_string_pb2,
 )
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
-from envoy.extensions.access_loggers.filters.cel.v3 import cel_pb2
+from envoy.extensions.access_loggers.grpc.v3 import als_pb2
+from envoy.extensions.filters.http.rbac.v3 import rbac_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
 from envoy.extensions.http.early_header_mutation.header_mutation.v3 import header_mutation_pb2
 from envoy.type.matcher.v3 import string_pb2
@@ -25,13 +27,18 @@ from google.protobuf import message, wrappers_pb2
 from stoa_proto import client_headers
 from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES, PROC_BODIES
 
+from stoa_translate.decision import error_contract, jwt_authn, placement
 from stoa_translate.filters import (
     BUFFER_FILTER,
+    CLAIMS_RBAC_FILTER,
     DISABLED_BY_DEFAULT,
     EXT_AUTHZ_FILTER,
     HTTP_FILTER_ORDER,
+    JWT_AUTHN_FILTER,
+    REQUEST_RBAC_FILTER,
     ROUTER_FILTER,
     buffer_filter,
+    cel_filter,
     ext_authz_filter,
     packed,
     router_filter,
@@ -89,7 +96,8 @@ def render_listener(site: SiteIR, options: TranslateOptions) -> listener_pb2.Lis
                 )
             ],
         ),
-        local_reply_config=_local_replies(site.needs_processing()),
+        local_reply_config=_local_replies(site),
+        access_log=_decision_log(site, options),
     )
     return listener_pb2.Listener(
         name=LISTENER_NAME,
@@ -133,9 +141,16 @@ def _strip_client_headers(options: TranslateOptions) -> extension_pb2.TypedExten
 def _chain(site: SiteIR, options: TranslateOptions) -> list[tuple[str, message.Message]]:
     # A kind's listener-level filter is inert: only a route's typed_per_filter_config switches it on.
     configs: dict[str, message.Message] = {
-        EXT_AUTHZ_FILTER: ext_authz_filter(options),
+        EXT_AUTHZ_FILTER: ext_authz_filter(options, placement.uses(site, placement.SERVICE_VERIFIED_TOKEN)),
         ROUTER_FILTER: router_filter(),
     }
+    verified = [r for r in site.routes if r.placement in placement.TOKEN_BY_ENVOY and r.auth_mode == "jwt"]
+    if verified:
+        tenants = {r.tenant_id for r in verified}
+        configs[REQUEST_RBAC_FILTER] = rbac_pb2.RBAC()
+        configs[JWT_AUTHN_FILTER] = jwt_authn.listener_filter(site.issuers, tenants, options)
+        if any(r.placement == placement.ENVOY for r in verified):
+            configs[CLAIMS_RBAC_FILTER] = rbac_pb2.RBAC()
     for kind in KINDS.values():
         if site.needs(kind.name):
             configs[kind.filter_name] = kind.listener_filter()
@@ -179,15 +194,6 @@ def _json_body(status: int) -> dict[str, object]:
     }
 
 
-def _cel(expression: str) -> accesslog_pb2.AccessLogFilter:
-    return accesslog_pb2.AccessLogFilter(
-        extension_filter=accesslog_pb2.ExtensionFilter(
-            name="envoy.access_loggers.extension_filters.cel",
-            typed_config=packed(cel_pb2.ExpressionFilter(expression=expression)),
-        )
-    )
-
-
 def _retry_after(seconds: int) -> base_pb2.HeaderValueOption:
     return base_pb2.HeaderValueOption(
         header=base_pb2.HeaderValue(key="retry-after", value=str(seconds)),
@@ -205,9 +211,9 @@ def _processing_replies() -> list[hcm.ResponseMapper]:
         "body_format_override": _json_body(403)["body_format_override"],
     }
     return [
-        hcm.ResponseMapper(filter=_cel("response.code_details.startsWith('stoa_proc_')")),
+        hcm.ResponseMapper(filter=cel_filter("response.code_details.startsWith('stoa_proc_')")),
         hcm.ResponseMapper(
-            filter=_cel("response.code_details.startsWith('ext_proc')"),
+            filter=cel_filter("response.code_details.startsWith('ext_proc')"),
             status_code=wrappers_pb2.UInt32Value(value=503),
             headers_to_add=[_retry_after(PROC_UNAVAILABLE_RETRY_AFTER_S)],
             **_json_body(503),  # type: ignore[arg-type]
@@ -216,7 +222,29 @@ def _processing_replies() -> list[hcm.ResponseMapper]:
     ]
 
 
-def _local_replies(processing: bool) -> hcm.LocalReplyConfig:
+def _decision_log(site: SiteIR, options: TranslateOptions) -> list[accesslog_pb2.AccessLog]:
+    """Envoy's own denials, and only those, to the Link, which logs them as decision events."""
+    if not options.decision_log_cluster or not placement.uses(site, *placement.TOKEN_BY_ENVOY):
+        return []
+    sink = als_pb2.HttpGrpcAccessLogConfig(
+        common_config=als_pb2.CommonGrpcAccessLogConfig(
+            log_name="stoa-native-decisions",
+            grpc_service=grpc_service_pb2.GrpcService(
+                envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=options.decision_log_cluster)
+            ),
+            transport_api_version=config_source_pb2.V3,
+        )
+    )
+    return [
+        accesslog_pb2.AccessLog(
+            name="envoy.access_loggers.http_grpc",
+            filter=error_contract.native_denial_filter(),
+            typed_config=packed(sink),
+        )
+    ]
+
+
+def _local_replies(site: SiteIR) -> hcm.LocalReplyConfig:
     """ext_authz failing (unreachable, timeout, error) is a local 503 flagged UAEX: answer it with the
     neutral body of a 403 (stoa_proto.bodies, shared with the authorization service) and a bounded
     Retry-After. A 503 the service itself returns carries the same neutral body.
@@ -226,9 +254,12 @@ def _local_replies(processing: bool) -> hcm.LocalReplyConfig:
     and any other local 400 — a path with a hidden dot segment, an escaped slash, a header name with
     an underscore — get the same neutral body as the service's instead of Envoy's text.
     """
+    native = error_contract.local_reply_mappers() if placement.uses(site, *placement.TOKEN_BY_ENVOY) else []
     return hcm.LocalReplyConfig(
         mappers=[
-            *(_processing_replies() if processing else ()),
+            # Envoy's own decisions first: an rbac claims denial is a local 403 like an address one.
+            *native,
+            *(_processing_replies() if site.needs_processing() else ()),
             hcm.ResponseMapper(
                 filter=_status_and_flag(503, "UAEX"),
                 headers_to_add=[

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from stoa_proto import client_headers
 
+PLACEMENTS = ("auto", "service")
+
 
 @dataclass(frozen=True)
 class TranslateOptions:
@@ -22,6 +24,19 @@ class TranslateOptions:
     # Identity header names (or prefixes ending in "*") this site's upstreams trust, removed on top of
     # `stoa_proto.client_headers`; lower-case, validated by `client_headers.extra_names`.
     extra_identity_headers: tuple[str, ...] = ()
+    # "auto": each route decided by Envoy's built-in filters where they can; "service": every route
+    # through the authorization service.
+    decision_placement: str = "auto"
+    # What the authorization service is configured with, for the decisions Envoy makes: the audience
+    # every token must name (without it, no route is decided by Envoy), the scopes every token must
+    # hold, the claim naming the tenant, the longest token lifetime honoured.
+    audience: str = ""
+    required_scopes: tuple[str, ...] = ()
+    tenant_claim: str = "tenant_id"
+    max_token_lifetime_s: int = 86_400
+    # The bootstrap cluster Envoy sends its native denials' access log on (the Link's ADS server);
+    # empty: not sent.
+    decision_log_cluster: str = ""
 
     def __post_init__(self) -> None:
         try:
@@ -39,6 +54,14 @@ class TranslateOptions:
         if client_headers.extra_names(",".join(self.extra_identity_headers)) != self.extra_identity_headers:
             names = self.extra_identity_headers
             raise ValueError(f"extra_identity_headers {names!r}: not lower-case, or repeated")
+        if self.decision_placement not in PLACEMENTS:
+            raise ValueError(
+                f"decision_placement {self.decision_placement!r} is not one of {', '.join(PLACEMENTS)}"
+            )
+        if any(not scope.strip() or " " in scope for scope in self.required_scopes):
+            raise ValueError("required_scopes holds a blank scope or one with a space")
+        if self.max_token_lifetime_s < 60:
+            raise ValueError(f"max_token_lifetime_s {self.max_token_lifetime_s} is below 60")
         if self.xff_num_trusted_hops < 0:
             raise ValueError(f"xff_num_trusted_hops {self.xff_num_trusted_hops} must not be negative")
 

@@ -11,6 +11,7 @@ import hashlib
 
 from stoa_proto import authz_pb2, inventory_pb2, proc_pb2
 
+from stoa_translate.decision import placement
 from stoa_translate.ir import SiteIR
 
 POLICY_SET_NAME = "default"
@@ -25,6 +26,8 @@ def render_policy_set(site: SiteIR) -> authz_pb2.AuthzPolicySet:
                 api_id=r.api_id,
                 auth_mode=r.auth_mode,
                 scopes=r.scopes,
+                verified_by_envoy=r.placement == placement.SERVICE_VERIFIED_TOKEN,
+                envelope=r.envelope,
             )
             for r in site.routes
         ],

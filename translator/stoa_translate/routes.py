@@ -20,17 +20,23 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from google.protobuf import any_pb2, duration_pb2
+from stoa_proto.decisions import API_HEADER, TENANT_HEADER
 from stoa_proto.paths import HIDDEN_DOT_SEGMENT
 
+from stoa_translate.decision import claims, jwt_authn, placement
 from stoa_translate.filters import (
     BUFFER_FILTER,
+    CLAIMS_RBAC_FILTER,
+    EXT_AUTHZ_DISABLED,
     EXT_AUTHZ_FILTER,
+    JWT_AUTHN_FILTER,
+    REQUEST_RBAC_FILTER,
     buffer_route,
     ext_authz_route,
-    no_ext_authz_route,
     packed,
     virtual_host_configs,
 )
@@ -90,7 +96,7 @@ def _refuse_hidden_dot_segment() -> route_components_pb2.Route:
         match=route_components_pb2.RouteMatch(safe_regex=regex_pb2.RegexMatcher(regex=HIDDEN_DOT_SEGMENT)),
         direct_response=route_components_pb2.DirectResponseAction(status=400),
     )
-    entry.typed_per_filter_config[EXT_AUTHZ_FILTER].CopyFrom(packed(no_ext_authz_route()))
+    entry.typed_per_filter_config[EXT_AUTHZ_FILTER].CopyFrom(packed(EXT_AUTHZ_DISABLED))
     return entry
 
 
@@ -102,9 +108,9 @@ def _methods(route: RouteIR) -> tuple[str, ...]:
     return (*route.methods, *dict.fromkeys(extra))
 
 
-def per_route_configs(route: RouteIR) -> dict[str, any_pb2.Any]:
+def per_route_configs(route: RouteIR, options: TranslateOptions) -> dict[str, any_pb2.Any]:
     """typed_per_filter_config of every route entry rendered for `route`."""
-    configs = {EXT_AUTHZ_FILTER: packed(ext_authz_route(route.tenant_id, route.api_id, route.route_id))}
+    configs = _decision_configs(route, options)
     for name, ir in route.policies:
         kind = KINDS[name]
         configs[kind.filter_name] = packed(kind.route_config(route.route_id, ir))
@@ -121,7 +127,8 @@ def _entries(route: RouteIR, options: TranslateOptions) -> list[route_components
         host_rewrite_literal=route.backend.authority,
     )
     _rewrite(route, action)
-    configs = per_route_configs(route)
+    identity = _identity_headers(route)
+    configs = per_route_configs(route, options)
     entries = []
     for method in _methods(route) or (None,):
         match = route_components_pb2.RouteMatch()
@@ -136,7 +143,10 @@ def _entries(route: RouteIR, options: TranslateOptions) -> list[route_components
                 )
             )
         entry = route_components_pb2.Route(
-            name=f"{route.route_id}:{method or 'ANY'}", match=match, route=action
+            name=f"{route.route_id}:{method or 'ANY'}",
+            match=match,
+            route=action,
+            request_headers_to_add=identity,
         )
         if route.auth_mode != "none" and not route.forward_credential:
             entry.request_headers_to_remove.append(CREDENTIAL_HEADER)
@@ -144,6 +154,36 @@ def _entries(route: RouteIR, options: TranslateOptions) -> list[route_components
             entry.typed_per_filter_config[name].CopyFrom(config)
         entries.append(entry)
     return entries
+
+
+def _decision_configs(route: RouteIR, options: TranslateOptions) -> dict[str, any_pb2.Any]:
+    """Who decides this route: the Check (its context), or Envoy's filters (the Check disabled)."""
+    if route.placement == placement.SERVICE:
+        return {EXT_AUTHZ_FILTER: packed(ext_authz_route(route.tenant_id, route.api_id, route.route_id))}
+    configs = {}
+    if route.placement == placement.ENVOY:
+        configs[EXT_AUTHZ_FILTER] = packed(EXT_AUTHZ_DISABLED)
+        if route.auth_mode == "jwt":
+            configs[CLAIMS_RBAC_FILTER] = packed(claims.claims_config(route, options))
+    else:
+        configs[EXT_AUTHZ_FILTER] = packed(ext_authz_route(route.tenant_id, route.api_id, route.route_id))
+    if route.auth_mode == "jwt":
+        configs[REQUEST_RBAC_FILTER] = packed(claims.request_config())
+        configs[JWT_AUTHN_FILTER] = packed(jwt_authn.route_config(route, token_by_envoy=True))
+    return configs
+
+
+def _identity_headers(route: RouteIR) -> list[base_pb2.HeaderValueOption]:
+    """What Envoy tells the upstream about a request it decided (the service says it on its own)."""
+    if route.placement != placement.ENVOY:
+        return []
+    return [
+        base_pb2.HeaderValueOption(
+            header=base_pb2.HeaderValue(key=name, value=value),
+            append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+        )
+        for name, value in ((TENANT_HEADER, route.tenant_id), (API_HEADER, route.api_id))
+    ]
 
 
 def _millis(ms: int) -> duration_pb2.Duration:

@@ -20,10 +20,11 @@ COLUMNS = (
     "auth_mode",
     "scopes",
     "forward_credential",
+    "envelope",
 )
 _SELECT = (
     "SELECT a.api_id, a.tenant_id, a.name, a.upstream_url, a.path_prefix, a.methods, a.timeout_ms,"
-    " a.auth_mode, a.scopes, a.forward_credential,"
+    " a.auth_mode, a.scopes, a.forward_credential, a.envelope,"
     " COALESCE((SELECT array_agg(d.gateway_id ORDER BY d.gateway_id)"
     " FROM deployments d WHERE d.api_id = a.api_id), '{}') AS deployed_on FROM apis a"
 )
@@ -40,6 +41,7 @@ def columns(api_id: str, body: ApiFields) -> dict[str, Any]:
         "auth_mode": body.auth.mode,
         "scopes": body.auth.scopes,
         "forward_credential": body.auth.forward_credential,
+        "envelope": body.auth.envelope,
     }
 
 
@@ -56,6 +58,7 @@ def _out(row: asyncpg.Record) -> ApiOut:
             mode=row["auth_mode"],
             scopes=list(row["scopes"]),
             forward_credential=row["forward_credential"],
+            envelope=row["envelope"],
         ),
         deployed_on=list(row["deployed_on"]),
     )
@@ -95,7 +98,8 @@ async def create(db: Database, tenant_id: str, body: ApiIn) -> ApiOut:
         try:
             await conn.execute(
                 "INSERT INTO apis (api_id, tenant_id, name, upstream_url, path_prefix, methods, timeout_ms,"
-                " auth_mode, scopes, forward_credential) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                " auth_mode, scopes, forward_credential, envelope)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
                 body.api_id,
                 tenant_id,
                 *(values[c] for c in COLUMNS),
@@ -127,8 +131,8 @@ async def update(db: Database, tenant_id: str, api_id: str, body: ApiFields) -> 
         try:
             await conn.execute(
                 "UPDATE apis SET name = $2, upstream_url = $3, path_prefix = $4, methods = $5,"
-                " timeout_ms = $6, auth_mode = $7, scopes = $8, forward_credential = $9, updated_at = now()"
-                " WHERE api_id = $1",
+                " timeout_ms = $6, auth_mode = $7, scopes = $8, forward_credential = $9, envelope = $10,"
+                " updated_at = now() WHERE api_id = $1",
                 api_id,
                 *(values[c] for c in COLUMNS),
             )

@@ -64,6 +64,7 @@ SELECT coalesce(string_agg({
             ("auth_mode", "a.auth_mode", "string"),
             ("scopes", "a.scopes", "strings"),
             ("forward_credential", "a.forward_credential", "bool"),
+            ("envelope", "a.envelope", "bool"),
         )
     )
 }, ',' ORDER BY a.api_id), '') AS json,

@@ -7,7 +7,13 @@ Variants, each repetition measured back to back with its own proxy-only baseline
 - `authz_uncached`: the same route, tokens rotating through more distinct tokens than the service
   caches (every decision verifies a signature);
 each with 1, 2 and 4 `stoa-authz` worker processes (STOA_AUTHZ_WORKERS, SO_REUSEPORT;
-`BENCH_AUTHZ_WORKERS=1,2` narrows the list, which must include 1).
+`BENCH_AUTHZ_WORKERS=1,2` narrows the list, which must include 1). These run with the Link's
+`STOA_LINK_DECISION_PLACEMENT=service`, so the route goes through the service. Then, same run:
+- `noop_check`: the same route through a Check server that decides nothing (`noop_check`, the same
+  grpcio server as the service): `authz_floor_ratio` = the service's ratio ÷ this one;
+- `native_cached`, `native_uncached`: the Link back to `auto`, the route decided by Envoy's own
+  filters (jwt_authn, rbac), no Check, with the same tokens as above (uncached: more distinct tokens
+  than Envoy's JWT cache holds per worker).
 Authz CPU per decision = CPU time of every process in the authz session ÷ Checks Envoy made.
 Each phase also records `cpu_split`: the cores used by the gateway Envoy, the upstream Envoy, the
 authz processes and wrk during the phase (from /proc and the reaped wrk's rusage), the evidence of
@@ -18,12 +24,15 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from stoa_harness.bench.load import WrkResult, run_wrk
 from stoa_harness.bench.report import spread
 from stoa_harness.bench.rig import Rig, cpu_seconds, session_pids
+from stoa_harness.ports import free_port
+from stoa_harness.processes import SupervisedProcess, tcp_accepting
 from stoa_harness.wait import wait_until
 
 API_ID = "bench-dp"
@@ -96,10 +105,63 @@ def _check_clean(name: str, phase: dict[str, Any]) -> None:
         )
 
 
+def _native_phase(rig: Rig, tokens: list[str], connections: int, duration_s: float) -> dict[str, Any]:
+    checks0 = rig.ext_authz_checks()
+    phase = _proxy_phase(rig, tokens, connections, duration_s)
+    if rig.ext_authz_checks() != checks0:
+        raise AssertionError("the native route made Checks: it is not decided by Envoy")
+    return phase
+
+
+def _beside_the_service(
+    rig: Rig, cached: list[str], uncached: list[str], *, reps: int, duration_s: float, one_conn_s: float
+) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """The no-op Check server, then Envoy deciding natively; each repetition with its own baseline."""
+    variants: dict[str, list[dict[str, Any]]] = {}
+    address = f"127.0.0.1:{free_port()}"
+    host, port = address.split(":")
+    noop = SupervisedProcess(
+        "noop-check",
+        [sys.executable, "-m", "stoa_harness.bench.noop_check", address],
+        log_dir=rig.run_dir,
+        ready=lambda: tcp_accepting(host, int(port)),
+    )
+    service_address = rig.estate.link.env["STOA_LINK_EXT_AUTHZ_ADDRESS"]
+    with noop:
+        rig.relink(EXT_AUTHZ_ADDRESS=address)
+        for _ in range(reps):
+            proxy = _proxy_phase(rig, cached, CONNECTIONS, duration_s)
+            phase = _authz_phase(rig, cached, CONNECTIONS, duration_s)
+            _check_clean("noop_check", phase)
+            phase["ratio"] = phase["rps"] / proxy["rps"]
+            variants.setdefault("noop_check", []).append(phase)
+        rig.relink(EXT_AUTHZ_ADDRESS=service_address, DECISION_PLACEMENT="auto")
+    one_conn = []
+    for _ in range(reps):
+        proxy = _proxy_phase(rig, cached, CONNECTIONS, duration_s)
+        variants.setdefault("proxy_only_native", []).append(proxy)
+        for name, tokens in (("native_cached", cached), ("native_uncached", uncached)):
+            phase = _native_phase(rig, tokens, CONNECTIONS, duration_s)
+            _check_clean(name, phase)
+            phase["ratio"] = phase["rps"] / proxy["rps"]
+            variants.setdefault(name, []).append(phase)
+        base = _proxy_phase(rig, cached, 1, one_conn_s)
+        native = _native_phase(rig, cached, 1, one_conn_s)
+        one_conn.append(
+            {
+                "proxy_p50_ms": base["p50_ms"],
+                "native_p50_ms": native["p50_ms"],
+                "added_p50_ms": native["p50_ms"] - base["p50_ms"],
+            }
+        )
+    return variants, one_conn
+
+
 def run(rig: Rig, *, reps: int, duration_s: float, one_conn_duration_s: float) -> dict[str, Any]:
     estate = rig.estate
     estate.admin.create_api(tenant_id="demo", **rig.api_body(API_ID, jwt=True))
     estate.admin.wait_synced(estate.admin.deploy(API_ID))
+    rig.relink(DECISION_PLACEMENT="service")
     cached = rig.mint_tokens(1)
     uncached = rig.mint_tokens(UNCACHED_TOKENS)
     headers = {"authorization": f"Bearer {cached[0]}"}
@@ -137,6 +199,10 @@ def run(rig: Rig, *, reps: int, duration_s: float, one_conn_duration_s: float) -
                 )
     rig.restart_authz(1)
     wait_until(serving, 30, "JWT route served with 1 authz worker")
+    beside, native_one_conn = _beside_the_service(
+        rig, cached, uncached, reps=reps, duration_s=duration_s, one_conn_s=one_conn_duration_s
+    )
+    variants.update(beside)
 
     summary = {
         name: {
@@ -150,8 +216,20 @@ def run(rig: Rig, *, reps: int, duration_s: float, one_conn_duration_s: float) -
     ratios = {name: s["ratio"]["median"] for name, s in summary.items() if "ratio" in s}
     best = max((n for n in ratios if n.startswith("authz_cached")), key=ratios.__getitem__)
     added = spread([r["added_p50_ms"] for r in one_conn])
+    native_added = spread([r["added_p50_ms"] for r in native_one_conn])
     cpu = summary["authz_cached_w1"]["authz_cpu_us_per_decision"]
     return {
+        "native_ratio": ratios["native_cached"],
+        "native_ratio_spread": summary["native_cached"]["ratio"],
+        "native_uncached_ratio": ratios["native_uncached"],
+        "native_uncached_ratio_spread": summary["native_uncached"]["ratio"],
+        # Each figure against its own proxy-only baseline of the same repetition, so a machine
+        # slowing down between the two sets of phases does not count as the service's cost.
+        "authz_floor_ratio": ratios["authz_cached_w1"] / ratios["noop_check"],
+        "noop_check_ratio": ratios["noop_check"],
+        "native_added_p50_ms_one_conn": native_added["median"],
+        "native_added_p50_ms_one_conn_spread": native_added,
+        "native_one_connection": native_one_conn,
         "authz_ratio": ratios[best],
         "authz_ratio_variant": best,
         "authz_ratio_spread": summary[best]["ratio"],

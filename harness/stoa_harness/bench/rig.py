@@ -246,6 +246,15 @@ class Rig:
             f"{workers} authz worker(s)",
         )
 
+    def relink(self, **settings: str) -> None:
+        """Restart the Link with `settings` (STOA_LINK_* names without the prefix, e.g.
+        DECISION_PLACEMENT="service") and wait until Envoy holds the configuration it then serves."""
+        link = self.estate.link
+        before = self.estate.envoy.versions()
+        link.env.update({f"STOA_LINK_{name}": value for name, value in settings.items()})
+        link.restart()
+        wait_until(lambda: self.estate.envoy.versions() != before, 30, f"Envoy configured with {settings}")
+
     def mint_tokens(self, count: int) -> list[str]:
         return [
             self.idp.mint(tenant=TENANT, scope=SCOPE, sub=f"bench-{i}", lifetime_s=3600) for i in range(count)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
@@ -36,11 +36,15 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         tls: TlsMaterial,
         identities: Mapping[str, Iterable[str]],
         ack_timeout_s: float = 10.0,
+        services: Sequence[Callable[[grpc.aio.Server], None]] = (),
     ) -> None:
+        """`services`: more gRPC services to serve on the same authenticated port (each adds itself
+        to the server and checks its callers' identity)."""
         self.host, self.port = loopback_endpoint(address)  # refuses anything but loopback
         if not identities:
             raise ValueError("the ADS server needs at least one client identity")
         self._tls = tls
+        self._services = tuple(services)
         self._allowed = {san: frozenset(types) for san, types in identities.items() if san}
         self._server: grpc.aio.Server | None = None
         self._streams = Streams(self._allowed)
@@ -57,6 +61,8 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             ]
         )
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(self, server)
+        for add_to in self._services:
+            add_to(server)
         host = f"[{self.host}]" if ":" in self.host else self.host
         port = server.add_secure_port(f"{host}:{self.port}", self._tls.server_credentials())
         if port == 0:

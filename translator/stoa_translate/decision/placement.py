@@ -1,0 +1,62 @@
+"""Placement: each route's decision at the cheapest place that enforces it exactly.
+
+- `ENVOY`: the whole decision in Envoy's built-in filters, no Check — the token by `jwt_authn` (the
+  tenant's issuers' keys inline, the site's audience), tenant and scopes by `rbac` on the verified
+  payload, identity headers added by the route. For a route whose every rule is expressible there:
+  a JWT route of a tenant whose issuers all ship their keys inline, or a route without a token.
+- `SERVICE_VERIFIED_TOKEN`: `jwt_authn` verifies the token, the authorization service decides the
+  rest on its verified payload (a route with the identity envelope, which only the service signs).
+- `SERVICE`: the authorization service decides everything (a tenant with an issuer known only by
+  its `jwks_uri`, whose keys the service may fetch; every route when the site says `service`).
+
+Without the site's audience no route is decided by Envoy: the service then denies every request
+(`not_configured`), as it always has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stoa_translate.ir import IssuerIR, RouteIR, SiteIR
+    from stoa_translate.options import TranslateOptions
+
+ENVOY = "envoy"
+SERVICE_VERIFIED_TOKEN = "service_verified_token"
+SERVICE = "service"
+# Routes on which jwt_authn verifies the token.
+TOKEN_BY_ENVOY = (ENVOY, SERVICE_VERIFIED_TOKEN)
+
+
+def verifiable_tenants(issuers: Iterable[IssuerIR]) -> frozenset[str]:
+    """Tenants whose tokens Envoy can verify on its own: every issuer ships its keys inline."""
+    inline: dict[str, bool] = {}
+    for issuer in issuers:
+        inline[issuer.tenant_id] = inline.get(issuer.tenant_id, True) and bool(issuer.jwks_json)
+    return frozenset(tenant for tenant, ok in inline.items() if ok)
+
+
+def place(route: RouteIR, verifiable: frozenset[str], options: TranslateOptions) -> str:
+    if options.decision_placement == "service" or not options.audience:
+        return SERVICE
+    if route.auth_mode == "none":
+        return ENVOY
+    if route.tenant_id not in verifiable:
+        return SERVICE
+    return SERVICE_VERIFIED_TOKEN if route.envelope else ENVOY
+
+
+def placed(site: SiteIR, options: TranslateOptions) -> SiteIR:
+    """`site` with each route's placement set (a route keeps its object when it stays `SERVICE`)."""
+    verifiable = verifiable_tenants(site.issuers)
+    routes = []
+    for route in site.routes:
+        where = place(route, verifiable, options)
+        routes.append(route if where == route.placement else dataclasses.replace(route, placement=where))
+    return dataclasses.replace(site, routes=tuple(routes))
+
+
+def uses(site: SiteIR, *placements: str) -> bool:
+    return any(route.placement in placements for route in site.routes)
