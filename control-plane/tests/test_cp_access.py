@@ -36,42 +36,27 @@ class World:
 
 @pytest.fixture(scope="module")
 async def world(cp, idp) -> World:
-    async with cp.admin() as admin:
-
-        async def ok(method: str, path: str, body: dict | None = None) -> dict:
-            response = await admin.request(method, path, json=body)
-            assert response.is_success, response.text
-            return response.json() if response.content else {}
-
+    async with cp.client() as admin:
         ids = {}
         for side in ("a", "b"):
-            tenant = (await ok("POST", "/v1/tenants", {"tenant_id": f"{side}-{id(idp)}", "name": side}))[
-                "tenant_id"
-            ]
+            tenant = (await admin.create_tenant(f"{side}-{id(idp)}", side))["tenant_id"]
             ids[side] = tenant
             api_id = f"{tenant}-orders"
-            await ok(
-                "POST",
-                f"/v1/tenants/{tenant}/apis",
-                {
-                    "api_id": api_id,
-                    "name": "Orders",
-                    "upstream_url": "http://127.0.0.1:9",
-                    "methods": ["GET"],
-                },
-            )
+            await admin.create_api(api_id, tenant_id=tenant, name="Orders", upstream_url="http://127.0.0.1:9")
             ids[f"{side}_api"] = api_id
-            policy = {"policy_id": f"{tenant}-rl", "type": "rate_limit", "scope": "tenant", "targets": []}
-            policy["config"] = {"maxRequests": 5, "intervalSeconds": 1}
-            ids[f"{side}_policy"] = (await ok("POST", f"/v1/tenants/{tenant}/policies", policy))["policy_id"]
-            issuer = {"issuer": f"https://{side}.example", "jwks": idp.jwks()}
-            ids[f"{side}_issuer"] = (await ok("POST", f"/v1/tenants/{tenant}/issuers", issuer))["issuer_id"]
+            rate = {"maxRequests": 5, "intervalSeconds": 1}
+            policy = await admin.create_policy(
+                f"{tenant}-rl", "rate_limit", rate, tenant_id=tenant, scope="tenant"
+            )
+            ids[f"{side}_policy"] = policy["policy_id"]
+            issuer = await admin.add_issuer(tenant, f"https://{side}.example", jwks=idp.jwks())
+            ids[f"{side}_issuer"] = issuer["issuer_id"]
         gateway = f"gw-{id(idp)}"
-        credential = (await ok("POST", "/v1/gateways", {"gateway_id": gateway, "name": "G"}))["credential"]
+        credential = (await admin.create_gateway(gateway, "G"))["credential"]
         for api_id in (ids["a_api"], ids["b_api"]):
-            await ok("PUT", f"/v1/gateways/{gateway}/deployments/{api_id}")
-        gp = {"policy_id": f"{gateway}-cors", "type": "cors", "config": {"allowedOrigins": ["*"]}}
-        await ok("POST", f"/v1/gateways/{gateway}/policies", gp)
+            await admin.deploy(api_id, gateway)
+        cors = {"allowedOrigins": ["*"]}
+        await admin.create_policy(f"{gateway}-cors", "cors", cors, tenant_id=None, gateway_id=gateway)
     async with cp.gateway(credential) as link:
         report = {**REPORT, "gateway_id": gateway, "detail": f"route {ids['b_api']} refused"}
         assert (await link.post(f"/v1/gateways/{gateway}/sync-reports", json=report)).status_code == 202
@@ -233,26 +218,37 @@ async def test_a_tenant_admin_manages_its_own_tenant(cp, idp, world) -> None:
 
 async def test_viewers_read_only_and_within_their_tenant(cp, idp, world) -> None:
     async with cp.bearer(idp.role_token("viewer", tenant=world.a)) as client:
-        assert (await client.get(f"/v1/tenants/{world.a}/apis")).status_code == 200
+        own = await client.get(f"/v1/tenants/{world.a}/apis")
+        assert world.a_api in [a["api_id"] for a in own.json()]
+        assert {a["tenant_id"] for a in own.json()} == {world.a}
         assert (await client.get(f"/v1/tenants/{world.b}/apis")).status_code == 404
         refused = await client.delete(f"/v1/tenants/{world.a}/apis/{world.a_api}")
         assert refused.status_code == 403
         assert (await client.get("/v1/audit")).status_code == 403
     async with cp.bearer(idp.role_token("viewer")) as client:
-        assert (await client.get(f"/v1/tenants/{world.b}/apis")).status_code == 200
-        assert (await client.get(f"/v1/gateways/{world.gateway}/policies")).status_code == 200
+        other = await client.get(f"/v1/tenants/{world.b}/apis")
+        assert world.b_api in [a["api_id"] for a in other.json()]
+        policies = await client.get(f"/v1/gateways/{world.gateway}/policies")
+        assert world.gateway_policy in [p["policy_id"] for p in policies.json()]
         assert (await client.post("/v1/tenants", json={"tenant_id": "v", "name": "v"})).status_code == 403
-    async with cp.admin() as admin:
-        assert (await admin.get(f"/v1/tenants/{world.a}/apis/{world.a_api}")).status_code == 200
+    async with cp.client() as admin:
+        # Nothing a viewer was refused happened.
+        assert (await admin.get_api(world.a_api, tenant_id=world.a))["api_id"] == world.a_api
+        assert "v" not in [t["tenant_id"] for t in await admin.tenants()]
 
 
 async def test_a_platform_admin_token_does_everything(cp, idp) -> None:
     async with cp.bearer(idp.role_token("platform_admin", sub="root")) as client:
         created = await client.post("/v1/tenants", json={"tenant_id": f"p-{id(client)}", "name": "P"})
         assert created.status_code == 201, created.text
-        assert (
-            await client.get("/v1/audit", params={"tenant": created.json()["tenant_id"]})
-        ).status_code == 200
+        tenant_id = created.json()["tenant_id"]
+        entries = (await client.get("/v1/audit", params={"tenant": tenant_id})).json()
+    [creation] = [e for e in entries if e["method"] == "POST"]
+    assert (creation["subject"], creation["role"], creation["tenant_id"]) == (
+        "root",
+        "platform_admin",
+        tenant_id,
+    )
 
 
 @pytest.mark.parametrize(
