@@ -14,7 +14,7 @@ from stoa_cp.access import Authentication, on_taken
 from stoa_cp.events import InventoryEvents
 from stoa_cp.principal import Authenticator
 from stoa_cp.problems import Taken
-from stoa_cp.routers import apis, audit, gateways, health, issuers, link, policies, tenants
+from stoa_cp.routers import apis, audit, gateways, health, issuers, link, policies, preview, tenants
 from stoa_cp.schemas import unstorable
 from stoa_cp.settings import Settings
 from stoa_cp.store import policies as policy_store
@@ -73,7 +73,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_exception_handler(Taken, on_taken)
     # Outermost: callers are authenticated before anything reads, limits or parses a body.
     app.add_middleware(Authentication, authenticator=Authenticator(settings))
-    for module in (tenants, apis, gateways, issuers, link, health, audit):
+    for module in (tenants, apis, gateways, preview, issuers, link, health, audit):
         app.include_router(module.router)
     app.include_router(policies.tenant_router)
     app.include_router(policies.gateway_router)

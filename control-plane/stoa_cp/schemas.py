@@ -284,3 +284,34 @@ class AuditEntry(BaseModel):
     tenant_id: str | None = Field(description="The tenant whose object was written (none: platform)")
     object_ids: dict[str, str]
     generations: dict[str, int] = Field(description="Gateway id → the generation this write produced")
+
+
+# -- translation preview --------------------------------------------------------------------------
+class PreviewRefusal(BaseModel):
+    reason: str = Field(description="The FailureReason the Link would report")
+    detail: str
+
+
+class PreviewValidation(BaseModel):
+    valid: bool
+    detail: str = Field(description="Envoy's own words when it refuses the configuration")
+
+
+class Preview(BaseModel):
+    gateway_id: str
+    generation: int = Field(description="The desired generation previewed")
+    settings: dict[str, Any] = Field(description="The translation settings used (TranslateSettings)")
+    settings_reported: bool = Field(
+        description="True: the settings the gateway's Link last reported; false: the documented defaults"
+    )
+    snapshot_version: str | None = Field(
+        default=None, description="The content hash the Link would report with SYNCED"
+    )
+    resources: dict[str, list[dict[str, Any]]] = Field(
+        default={}, description="Envoy's resources by type URL, proto3 JSON"
+    )
+    policy_sets: dict[str, list[dict[str, Any]]] = Field(
+        default={}, description="The site services' policy sets by type URL, proto3 JSON"
+    )
+    refusal: PreviewRefusal | None = Field(default=None, description="Set when the Link would refuse")
+    validation: PreviewValidation | None = Field(default=None, description="With ?validate=envoy")

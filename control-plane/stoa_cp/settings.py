@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     pool_min_size: int = Field(default=2, ge=1)
     pool_max_size: int = Field(default=10, ge=1)
     log_level: str = "info"
+    # The Envoy binary `GET /v1/gateways/{g}/preview?validate=envoy` runs; empty: `envoy` on PATH.
+    envoy_binary: str = ""
 
     @field_validator("admin_tokens", "oidc_issuers", mode="before")
     @classmethod

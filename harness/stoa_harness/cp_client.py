@@ -185,6 +185,12 @@ class CPCalls(Generic[R]):
         path = f"/v1/gateways/{self._gateway(gateway_id)}/status"
         return self.send(Call("GET", path, then=lambda s: int(s["desired_generation"])))
 
+    def preview(self, gateway_id: str | None = None, *, validate: bool = False) -> R:
+        """What the gateway's Link would publish now (translation preview); `validate` also runs
+        `envoy --mode validate` on it at the CP."""
+        query = "?validate=envoy" if validate else ""
+        return self.send(Call("GET", f"/v1/gateways/{self._gateway(gateway_id)}/preview{query}"))
+
     def inventory(self, gateway_id: str | None = None) -> R:
         """The gateway's inventory as its Link fetches it: the client's token must be the gateway's
         credential."""

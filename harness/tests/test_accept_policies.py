@@ -343,3 +343,20 @@ def test_scopes_expand_onto_the_right_routes_through_envoy(second_gateway: tuple
     assert on_gw1.status_code == 200
     assert on_gw1.headers.get("access-control-allow-origin") == ORIGIN
     assert "x-ratelimit-limit" not in on_gw1.headers
+
+
+def test_the_preview_is_what_the_link_publishes(policies: Estate) -> None:
+    # The CP runs the Link's translator with the settings the Link reported (this estate's ports
+    # are not the defaults): the same snapshot, so the same content hash the Link reported SYNCED.
+    status = policies.admin.wait_synced()
+    preview = policies.admin.preview(validate=True)
+    assert preview["settings_reported"] is True
+    assert preview["refusal"] is None
+    assert preview["generation"] == status["acknowledged_generation"]
+    assert preview["snapshot_version"] == status["snapshot_version"]
+    assert preview["validation"] == {"valid": True, "detail": ""}
+    # And what Envoy holds is what the preview shows.
+    (previewed,) = preview["resources"]["type.googleapis.com/envoy.config.route.v3.RouteConfiguration"]
+    (held,) = policies.envoy.config_dump("dynamic_route_configs")["configs"]
+    names = [[r["name"] for r in host["routes"]] for host in held["route_config"]["virtual_hosts"]]
+    assert names == [[r["name"] for r in host["routes"]] for host in previewed["virtual_hosts"]]

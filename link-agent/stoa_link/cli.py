@@ -111,7 +111,7 @@ def _run(settings: LinkSettings) -> None:
         services=[lambda server: als_pb2_grpc.add_AccessLogServiceServicer_to_server(decisions, server)],
     )
     credential = settings.gateway_credential.get_secret_value()
-    reporter = Reporter(settings.cp_url, settings.gateway_id, credential)
+    reporter = Reporter(settings.cp_url, settings.gateway_id, credential, settings=options.to_settings())
     cp = CpClient(settings.cp_url, settings.gateway_id, credential)
     try:
         store = InventoryStore(settings.state_dir)

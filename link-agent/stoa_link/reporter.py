@@ -36,8 +36,11 @@ class Reporter:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         backoff: Backoff | None = None,
+        settings: inventory_pb2.TranslateSettings | None = None,
     ) -> None:
         self.gateway_id = gateway_id
+        # Sent with every report: the CP previews this gateway's translation with them.
+        self.settings = settings
         self._client = gateway_client(cp_url, gateway_id, credential, transport, 10.0)
         self.backoff = backoff or Backoff()
         self._pending: inventory_pb2.SyncReport | None = None
@@ -50,6 +53,8 @@ class Reporter:
     def submit(self, report: inventory_pb2.SyncReport) -> None:
         """Queue `report`, replacing any older report not yet delivered."""
         report.gateway_id = report.gateway_id or self.gateway_id
+        if self.settings is not None and not report.HasField("settings"):
+            report.settings.CopyFrom(self.settings)
         if self._pending is not None:
             log.info("report_superseded", extra={"fields": {"generation": self._pending.generation}})
         self._pending = report

@@ -6,9 +6,11 @@ import asyncio
 import json
 
 import httpx
+from google.protobuf import json_format
 from stoa_link.cp_client import Backoff
 from stoa_link.reporter import Reporter
 from stoa_proto import inventory_pb2
+from stoa_translate import TranslateOptions
 
 
 def report(generation: int, status: int = inventory_pb2.SYNCED) -> inventory_pb2.SyncReport:
@@ -81,3 +83,20 @@ async def test_a_report_the_cp_rejects_as_invalid_is_not_retried_forever() -> No
     await deliver(reporter)
     assert calls == 1
     assert not reporter.delivered
+
+
+async def test_every_report_carries_the_translation_settings() -> None:
+    bodies: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(202)
+
+    options = TranslateOptions(listener_port=12345, ext_authz_address="127.0.0.1:7000")
+    reporter = Reporter(
+        "http://cp", "gw", "secret", transport=httpx.MockTransport(handler), settings=options.to_settings()
+    )
+    reporter.submit(report(4))
+    await deliver(reporter)
+    reported = json_format.ParseDict(bodies[-1]["settings"], inventory_pb2.TranslateSettings())
+    assert TranslateOptions.from_settings(reported) == options

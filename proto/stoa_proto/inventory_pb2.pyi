@@ -161,17 +161,51 @@ class Inventory(_message.Message):
     def __init__(self, schema_version: _Optional[int] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ..., tombstones: _Optional[_Iterable[_Union[Tombstone, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ...) -> None: ...
 
 class SyncReport(_message.Message):
-    __slots__ = ("gateway_id", "generation", "status", "snapshot_version", "reason", "detail")
+    __slots__ = ("gateway_id", "generation", "status", "snapshot_version", "reason", "detail", "settings")
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_VERSION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
     gateway_id: str
     generation: int
     status: SyncStatus
     snapshot_version: str
     reason: FailureReason
     detail: str
-    def __init__(self, gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., status: _Optional[_Union[SyncStatus, str]] = ..., snapshot_version: _Optional[str] = ..., reason: _Optional[_Union[FailureReason, str]] = ..., detail: _Optional[str] = ...) -> None: ...
+    settings: TranslateSettings
+    def __init__(self, gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., status: _Optional[_Union[SyncStatus, str]] = ..., snapshot_version: _Optional[str] = ..., reason: _Optional[_Union[FailureReason, str]] = ..., detail: _Optional[str] = ..., settings: _Optional[_Union[TranslateSettings, _Mapping]] = ...) -> None: ...
+
+class TranslateSettings(_message.Message):
+    __slots__ = ("listener_address", "listener_port", "ext_authz_address", "ext_authz_timeout_ms", "ext_proc_address", "decision_placement", "audience", "required_scopes", "tenant_claim", "max_token_lifetime_s", "decision_log_cluster", "default_route_timeout_ms", "xff_num_trusted_hops", "extra_identity_headers")
+    LISTENER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LISTENER_PORT_FIELD_NUMBER: _ClassVar[int]
+    EXT_AUTHZ_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    EXT_AUTHZ_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    EXT_PROC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    AUDIENCE_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_SCOPES_FIELD_NUMBER: _ClassVar[int]
+    TENANT_CLAIM_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKEN_LIFETIME_S_FIELD_NUMBER: _ClassVar[int]
+    DECISION_LOG_CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_ROUTE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    XFF_NUM_TRUSTED_HOPS_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_IDENTITY_HEADERS_FIELD_NUMBER: _ClassVar[int]
+    listener_address: str
+    listener_port: int
+    ext_authz_address: str
+    ext_authz_timeout_ms: int
+    ext_proc_address: str
+    decision_placement: str
+    audience: str
+    required_scopes: _containers.RepeatedScalarFieldContainer[str]
+    tenant_claim: str
+    max_token_lifetime_s: int
+    decision_log_cluster: str
+    default_route_timeout_ms: int
+    xff_num_trusted_hops: int
+    extra_identity_headers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, listener_address: _Optional[str] = ..., listener_port: _Optional[int] = ..., ext_authz_address: _Optional[str] = ..., ext_authz_timeout_ms: _Optional[int] = ..., ext_proc_address: _Optional[str] = ..., decision_placement: _Optional[str] = ..., audience: _Optional[str] = ..., required_scopes: _Optional[_Iterable[str]] = ..., tenant_claim: _Optional[str] = ..., max_token_lifetime_s: _Optional[int] = ..., decision_log_cluster: _Optional[str] = ..., default_route_timeout_ms: _Optional[int] = ..., xff_num_trusted_hops: _Optional[int] = ..., extra_identity_headers: _Optional[_Iterable[str]] = ...) -> None: ...

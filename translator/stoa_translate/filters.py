@@ -93,7 +93,9 @@ def cel_filter(expression: str) -> accesslog_pb2.AccessLogFilter:
 
 def packed(config: object) -> any_pb2.Any:
     wrapped = any_pb2.Any()
-    wrapped.Pack(config)  # type: ignore[arg-type]
+    # Deterministic: the packed bytes (map entries included) are part of the content version, which
+    # must not depend on the process that rendered them (the Link, the CP preview).
+    wrapped.Pack(config, deterministic=True)  # type: ignore[arg-type]
     return wrapped
 
 

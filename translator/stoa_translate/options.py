@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from dataclasses import dataclass
 
-from stoa_proto import client_headers
+from stoa_proto import client_headers, inventory_pb2
 
 PLACEMENTS = ("auto", "service")
 
@@ -71,6 +72,23 @@ class TranslateOptions:
 
     def ext_proc_endpoint(self) -> tuple[str, int]:
         return _endpoint("ext_proc_address", self.ext_proc_address)
+
+    def to_settings(self) -> inventory_pb2.TranslateSettings:
+        """These options as the Link reports them to the CP (field for field)."""
+        return inventory_pb2.TranslateSettings(
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        )
+
+    @classmethod
+    def from_settings(cls, settings: inventory_pb2.TranslateSettings) -> TranslateOptions:
+        """The options a Link reported; a field it did not report (an older Link) keeps its default."""
+        present = {f.name for f, _ in settings.ListFields()}
+        values: dict[str, object] = {}
+        for field in dataclasses.fields(cls):
+            if field.name in present:
+                value = getattr(settings, field.name)
+                values[field.name] = value if isinstance(value, str | int) else tuple(value)
+        return cls(**values)  # type: ignore[arg-type]
 
 
 def _endpoint(name: str, address: str) -> tuple[str, int]:

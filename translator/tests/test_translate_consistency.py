@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import stoa_translate
 from envoy.config.cluster.v3 import cluster_pb2
@@ -71,3 +77,37 @@ def test_a_translator_remembering_its_last_translation_gives_what_a_fresh_one_gi
     ]
     for step in steps:
         assert remembering.translate(step) == Translator(OPTIONS).translate(step)
+
+
+def test_the_content_version_does_not_depend_on_the_process() -> None:
+    # The CP's preview and the Link run in different processes (different string hash seeds): the
+    # same inventory must give the same bytes, hence the same version, in both.
+    golden = Path(__file__).parent / "golden" / "all_policies" / "inventory.json"
+    script = (
+        "import sys; from google.protobuf import json_format; from stoa_proto import inventory_pb2;"
+        "from stoa_translate import TranslateOptions, translate;"
+        "inv = json_format.Parse(open(sys.argv[1]).read(), inventory_pb2.Inventory());"
+        "print(translate(inv, TranslateOptions()).version)"
+    )
+    versions = {
+        subprocess.run(
+            [sys.executable, "-c", script, str(golden)],
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for seed in (1, 2, 3)
+    }
+    assert len(versions) == 1, versions
+
+
+def test_every_translation_option_travels_in_the_reported_settings() -> None:
+    # A new option must get its TranslateSettings field, or the CP's preview would not see it.
+    options = {f.name for f in dataclasses.fields(TranslateOptions)}
+    assert options == {f.name for f in inventory_pb2.TranslateSettings.DESCRIPTOR.fields}
+    changed = TranslateOptions(
+        listener_port=1, ext_proc_address="127.0.0.1:2", required_scopes=("a",), decision_placement="service"
+    )
+    assert TranslateOptions.from_settings(changed.to_settings()) == changed
+    assert TranslateOptions.from_settings(inventory_pb2.TranslateSettings()) == TranslateOptions()

@@ -142,5 +142,8 @@ async def post_sync_report(
         inventory_pb2.FailureReason.Name(report.reason),
         report.detail,
         report.snapshot_version,
+        json_format.MessageToDict(report.settings, preserving_proto_field_name=True)
+        if report.HasField("settings")
+        else None,
     )
     return await gateways.status(db, gateway_id)

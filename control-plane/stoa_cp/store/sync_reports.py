@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from stoa_cp.problems import Problem, not_found
 from stoa_cp.store.database import Database
 
@@ -14,8 +16,10 @@ async def record(
     reason: str,
     detail: str,
     snapshot_version: str,
+    settings: dict[str, Any] | None = None,
 ) -> None:
-    """Store a report and advance the acknowledged (SYNCED) or failed generation it names."""
+    """Store a report and advance the acknowledged (SYNCED) or failed generation it names; `settings`
+    (what shapes the Link's translation), when the report carries them, replace the last ones."""
     last = {"generation": generation, "status": status, "reason": reason, "detail": detail}
     async with db.transaction() as conn:
         desired = await conn.fetchval(
@@ -46,7 +50,8 @@ async def record(
                                         ELSE acknowledged_generation END,
               failed_generation = CASE WHEN NOT $2 THEN GREATEST(failed_generation, $3)
                                   ELSE failed_generation END,
-              last_report = $5
+              last_report = $5,
+              translate_settings = coalesce($6, translate_settings)
             WHERE gateway_id = $1
             """,
             gateway_id,
@@ -54,4 +59,15 @@ async def record(
             generation,
             snapshot_version,
             last,
+            settings,
         )
+
+
+async def reported_settings(db: Database, gateway_id: str) -> dict[str, Any] | None:
+    """The translation settings the gateway's Link last reported (None before any); 404 for an
+    unknown gateway."""
+    async with db.connection() as conn:
+        row = await conn.fetchrow("SELECT translate_settings FROM gateways WHERE gateway_id = $1", gateway_id)
+    if row is None:
+        raise not_found("gateway_id", gateway_id)
+    return row["translate_settings"]  # type: ignore[no-any-return]
