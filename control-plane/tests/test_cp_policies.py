@@ -111,7 +111,7 @@ async def test_supported_types_are_stored_in_normal_form(api, policy_type, confi
     )
 
 
-@pytest.mark.parametrize("policy_type", ["jwt_validation", "logging", "caching", "transform", "oidc", "new"])
+@pytest.mark.parametrize("policy_type", ["jwt_validation", "logging", "caching", "waf", "oidc", "new"])
 async def test_an_unsupported_type_is_422_naming_the_supported_ones(api, policy_type) -> None:
     tenant_id = await api.tenant()
     gateway_id, _ = await api.gateway()
@@ -126,7 +126,7 @@ async def test_an_unsupported_type_is_422_naming_the_supported_ones(api, policy_
         assert error["field"] == "type"
         assert error["message"] == (
             f"{policy_type!r} is not a supported policy type "
-            "(supported: cors, rate_limit, ip_filter, guardrails)"
+            "(supported: cors, rate_limit, ip_filter, guardrails, transform)"
         )
     assert (await api.admin.get(f"/v1/tenants/{tenant_id}/policies")).json() == []
 

@@ -14,6 +14,7 @@ from google.protobuf import json_format
 from stoa_proto import proc_pb2
 
 from stoa_proc.guardrails import Guardrails, PolicyError, compile_guardrails
+from stoa_proc.transform import Transform, compile_transform
 
 __all__ = ["PolicyError", "PolicySet", "PolicyStore", "RoutePolicy", "compile_policy_set"]
 
@@ -24,6 +25,7 @@ class RoutePolicy:
     tenant_id: str
     api_id: str
     guardrails: Guardrails | None
+    transform: Transform | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,15 @@ def compile_policy_set(message: proc_pb2.ProcPolicySet, default_max_body_bytes: 
                 )
             except PolicyError as exc:
                 raise PolicyError(f"route {route.route_id}: guardrails: {exc}") from exc
-        routes[route.route_id] = RoutePolicy(route.route_id, route.tenant_id, route.api_id, guardrails)
+        transform = None
+        if route.HasField("transform"):
+            try:
+                transform = compile_transform(route.transform)
+            except PolicyError as exc:
+                raise PolicyError(f"route {route.route_id}: transform: {exc}") from exc
+        routes[route.route_id] = RoutePolicy(
+            route.route_id, route.tenant_id, route.api_id, guardrails, transform
+        )
     return PolicySet(message.version, routes)
 
 

@@ -10,7 +10,6 @@ unforeseen is a 503, never a pass.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -32,6 +31,7 @@ from stoa_proc.log import DecisionLog
 from stoa_proc.policy import PolicyStore, RoutePolicy
 from stoa_proc.reasons import Deny, Reason
 from stoa_proc.stream import SseGuard
+from stoa_proc.transform import Side, dump
 
 ROUTE_METADATA = "x-stoa-route-id"
 VERSION_METADATA = "x-stoa-proc-version"
@@ -56,6 +56,8 @@ class Exchange:
     route: RoutePolicy | None
     version: str
     max_ratio: int
+    # The body limit when no guardrails policy names one (the service's own).
+    max_body_bytes: int
     request_id: str = ""
     request_type: str = ""
     request_encoding: str = ""
@@ -68,9 +70,6 @@ class Exchange:
     @property
     def guardrails(self) -> Guardrails | None:
         return self.route.guardrails if self.route else None
-
-    def limits(self, guardrails: Guardrails) -> Limits:
-        return Limits(guardrails.max_body_bytes, self.max_ratio)
 
     def handle(self, request: ProcessingRequest) -> ProcessingResponse:
         phase = request.WhichOneof("request")
@@ -88,6 +87,18 @@ class Exchange:
             return ProcessingResponse(response_trailers={})
         raise Deny(Reason.INTERNAL_ERROR)
 
+    def side(self, request: bool) -> Side | None:
+        transform = self.route.transform if self.route else None
+        if transform is None:
+            return None
+        return transform.request if request else transform.response
+
+    def inspects(self, request: bool) -> Guardrails | None:
+        guardrails = self.guardrails
+        if guardrails is None or not (guardrails.request if request else guardrails.response):
+            return None
+        return guardrails
+
     def request_headers(self, message: HttpHeaders) -> ProcessingResponse:
         headers = _headers(message)
         self.request_id = headers.get("x-request-id", "")
@@ -96,30 +107,44 @@ class Exchange:
             raise Deny(self.outcome)
         self.request_type = headers.get("content-type", "")
         self.request_encoding = headers.get("content-encoding", "")
-        guardrails = self.guardrails
-        if guardrails and guardrails.request:
-            declared = headers.get("content-length", "")
-            # Refused on the declared size, before Envoy buffers a byte of the body.
-            if declared.isdigit() and int(declared) > guardrails.max_body_bytes:
-                raise Deny(Reason.TOO_LARGE)
-        return respond.proceed_headers(request=True)
+        declared = headers.get("content-length", "")
+        side = self.side(request=True)
+        reads_body = self.inspects(request=True) is not None or (side is not None and bool(side.json))
+        # Refused on the declared size, before Envoy buffers a byte of the body.
+        if reads_body and declared.isdigit() and int(declared) > self.limit(request=True):
+            raise Deny(Reason.TOO_LARGE)
+        return self._headers_answer(request=True)
 
     def response_headers(self, message: HttpHeaders) -> ProcessingResponse:
         headers = _headers(message)
         self.response_type = headers.get("content-type", "")
         self.response_encoding = headers.get("content-encoding", "")
-        guardrails = self.guardrails
-        if guardrails and guardrails.response and self.response_type.startswith("text/event-stream"):
+        guardrails = self.inspects(request=False)
+        if guardrails and self.response_type.startswith("text/event-stream"):
             if decode.encodings(self.response_encoding):
                 # An encoded event stream cannot be inspected event by event: refused, never passed.
                 raise Deny(Reason.MALFORMED_BODY)
             self.sse = SseGuard(guardrails)
-            return respond.proceed_headers(request=False, mode_override=_STREAMED_RESPONSE)
-        return respond.proceed_headers(request=False)
+            return self._headers_answer(request=False, mode_override=_STREAMED_RESPONSE)
+        return self._headers_answer(request=False)
+
+    def _headers_answer(
+        self, request: bool, mode_override: ProcessingMode | None = None
+    ) -> ProcessingResponse:
+        side = self.side(request)
+        if side is None or not side.headers:
+            return respond.proceed_headers(request, mode_override)
+        return respond.proceed_headers(request, mode_override, side.set_headers, side.remove_headers)
+
+    def limit(self, request: bool) -> int:
+        guardrails = self.inspects(request)
+        return guardrails.max_body_bytes if guardrails else self.max_body_bytes
 
     def body(self, data: bytes, end_of_stream: bool, *, request: bool) -> ProcessingResponse:
-        guardrails = self.guardrails
-        if guardrails is None or not (guardrails.request if request else guardrails.response):
+        guardrails = self.inspects(request)
+        side = self.side(request)
+        edits = side if side is not None and side.json else None
+        if guardrails is None and edits is None:
             return respond.proceed_body(request)
         if not request and self.sse is not None:
             passed = self.sse.feed(data, end_of_stream)
@@ -128,39 +153,61 @@ class Exchange:
             if passed == data:
                 return respond.proceed_body(request)
             return respond.replace_body(request, passed, whole=False)
-        if len(data) > guardrails.max_body_bytes:
+        limit = self.limit(request)
+        if len(data) > limit:
             raise Deny(Reason.TOO_LARGE)
         content_type = self.request_type if request else self.response_type
         encoding = self.request_encoding if request else self.response_encoding
-        plain = decode.decompress(data, encoding, self.limits(guardrails))
+        plain = decode.decompress(data, encoding, Limits(limit, self.max_ratio))
         if not plain:
             return respond.proceed_body(request)
-        text = decode.text(plain)
-        if decode.is_json(content_type):
-            document = decode.parse_json(text)
-            for value in decode.strings(document):
-                guardrails.check_text(value)
-            if request:
-                guardrails.check_schema(document)
-            redacted = _redact_json(document, guardrails)
-            if redacted is document:
-                return respond.proceed_body(request)
-            self.outcome = Reason.REDACTED
-            return respond.replace_body(request, _dump(redacted), whole=True)
-        # Escapes are decoded for matching only: a `\u0041` in plain text is inspected as `A`.
-        guardrails.check_text(text)
-        unescaped = decode.unescape(text)
-        if unescaped != text:
-            guardrails.check_text(unescaped)
-        redacted_text = guardrails.redact_text(text)
-        if redacted_text == text:
+        is_json = decode.is_json(content_type)
+        document: object = None
+        replaced: bytes | None = None
+        if guardrails is not None:
+            text = decode.text(plain)
+            if is_json:
+                document = decode.parse_json(text)
+                for value in decode.strings(document):
+                    guardrails.check_text(value)
+                if request:
+                    guardrails.check_schema(document)
+                redacted = _redact_json(document, guardrails)
+                if redacted is not document:
+                    document, replaced = redacted, dump(redacted)
+                    self.outcome = Reason.REDACTED
+            else:
+                # Escapes are decoded for matching only: a `\u0041` in plain text is inspected as `A`.
+                guardrails.check_text(text)
+                unescaped = decode.unescape(text)
+                if unescaped != text:
+                    guardrails.check_text(unescaped)
+                redacted_text = guardrails.redact_text(text)
+                if redacted_text != text:
+                    replaced = redacted_text.encode()
+                    self.outcome = Reason.REDACTED
+        if edits is not None:
+            if document is None:
+                document = self._json_for_edits(plain, is_json, request)
+            if document is not None:
+                edited = edits.edit(document)
+                if edited != document:
+                    replaced = dump(edited)
+        if replaced is None:
             return respond.proceed_body(request)
-        self.outcome = Reason.REDACTED
-        return respond.replace_body(request, redacted_text.encode(), whole=True)
+        return respond.replace_body(request, replaced, whole=True)
 
-
-def _dump(document: object) -> bytes:
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    def _json_for_edits(self, plain: bytes, is_json: bool, request: bool) -> object:
+        """The JSON document JSON edits apply to; a request that is not JSON is 400, a response that
+        is not JSON passes untouched (None)."""
+        try:
+            if not is_json:
+                raise Deny(Reason.MALFORMED_BODY)
+            return decode.parse_json(decode.text(plain))
+        except Deny:
+            if request:
+                raise
+            return None
 
 
 def _redact_json(document: object, guardrails: Guardrails) -> object:
@@ -183,15 +230,18 @@ def _redact_json(document: object, guardrails: Guardrails) -> object:
 
 
 class ProcessingService(external_processor_pb2_grpc.ExternalProcessorServicer):
-    def __init__(self, store: PolicyStore, decisions: DecisionLog, max_ratio: int) -> None:
+    def __init__(
+        self, store: PolicyStore, decisions: DecisionLog, max_ratio: int, max_body_bytes: int
+    ) -> None:
         self._store = store
         self._decisions = decisions
         self._max_ratio = max_ratio
+        self._max_body_bytes = max_body_bytes
 
     def open(self, metadata: dict[str, str]) -> Exchange:
         version = metadata.get(VERSION_METADATA, "")
         policy_set = self._store.get(version)
-        exchange = Exchange(None, version, self._max_ratio)
+        exchange = Exchange(None, version, self._max_ratio, self._max_body_bytes)
         if policy_set is None:
             exchange.outcome = Reason.POLICY_UNAVAILABLE
             return exchange

@@ -56,8 +56,20 @@ def immediate(reason: Reason, path: str | None = None) -> ProcessingResponse:
     )
 
 
-def proceed_headers(request: bool, mode_override: ProcessingMode | None = None) -> ProcessingResponse:
+def proceed_headers(
+    request: bool,
+    mode_override: ProcessingMode | None = None,
+    set_headers: tuple[tuple[str, str], ...] = (),
+    remove_headers: tuple[str, ...] = (),
+) -> ProcessingResponse:
     headers = HeadersResponse()
+    if set_headers or remove_headers:
+        headers.response.header_mutation.CopyFrom(
+            HeaderMutation(
+                set_headers=[_header(name, value) for name, value in set_headers],
+                remove_headers=remove_headers,
+            )
+        )
     response = (
         ProcessingResponse(request_headers=headers)
         if request

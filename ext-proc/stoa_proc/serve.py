@@ -39,7 +39,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         options=[("grpc.max_receive_message_length", 2 * settings.max_body_bytes + 65536)]
     )
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
-        ProcessingService(store, decisions, settings.max_inflate_ratio), server
+        ProcessingService(store, decisions, settings.max_inflate_ratio, settings.max_body_bytes), server
     )
     health_pb2_grpc.add_HealthServicer_to_server(readiness.grpc, server)
     if not server.add_insecure_port(settings.grpc_address):

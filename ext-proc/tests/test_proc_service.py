@@ -32,6 +32,12 @@ def policy_set(version: str = "v1") -> proc_pb2.ProcPolicySet:
     schema = struct_pb2.Struct()
     schema.update({"type": "object", "properties": {"n": {"type": "integer"}}})
     message = proc_pb2.ProcPolicySet(name="default", version=version)
+    shaped = message.routes.add(route_id="shaped", tenant_id="acme", api_id="shaped")
+    shaped.transform.request.headers.set["x-tier"] = "gold"
+    shaped.transform.request.headers.remove.append("x-debug")
+    shaped.transform.request.json.add(op="set", path="/temperature").value.number_value = 0.5
+    shaped.transform.request.json.add(op="remove", path="/user")
+    shaped.transform.response.json.add(op="rename", path="/usage", to="/billing")
     message.routes.add(
         route_id="chat",
         tenant_id="acme",
@@ -54,7 +60,7 @@ async def processor() -> AsyncIterator[tuple[external_processor_pb2_grpc.Externa
     decisions = DecisionLog()
     server = grpc.aio.server()
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
-        ProcessingService(store, decisions, max_ratio=20), server
+        ProcessingService(store, decisions, max_ratio=20, max_body_bytes=LIMIT), server
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -201,7 +207,7 @@ def response(message: proc_pb2.ProcPolicySet, nonce: str) -> DiscoveryResponse:
 
 async def test_ads_acks_a_usable_set_and_nacks_a_bad_pattern() -> None:
     bad = policy_set("v2")
-    bad.routes[0].guardrails.block_patterns.append("(?<=lookbehind)")
+    next(r for r in bad.routes if r.route_id == "chat").guardrails.block_patterns.append("(?<=lookbehind)")
     ads = OneShotAds([response(policy_set("v1"), "n1"), response(bad, "n2")])
     server = grpc.aio.server()
     ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(ads, server)
@@ -221,3 +227,49 @@ async def test_ads_acks_a_usable_set_and_nacks_a_bad_pattern() -> None:
     finally:
         task.cancel()
         await server.stop(grace=None)
+
+
+async def test_transform_edits_headers_and_json_and_refuses_a_request_that_is_not_json(processor) -> None:
+    stub, _ = processor
+    answers = await exchange(stub, request(b'{"user":"u1","q":"hi"}'), route="shaped")
+    mutation = answers[0].request_headers.response.header_mutation
+    assert [(h.header.key, h.header.raw_value) for h in mutation.set_headers] == [("x-tier", b"gold")]
+    assert list(mutation.remove_headers) == ["x-debug"]
+    body = answers[1].request_body.response.body_mutation.body
+    assert json.loads(body) == {"q": "hi", "temperature": 0.5}
+
+    refused = await exchange(
+        stub,
+        [
+            ProcessingRequest(request_headers=headers(content_type="text/plain")),
+            ProcessingRequest(request_body=HttpBody(body=b"not json", end_of_stream=True)),
+        ],
+        route="shaped",
+    )
+    assert refused[-1].immediate_response.status.code == 400
+
+    answers = await exchange(
+        stub,
+        [
+            *request(b"{}"),
+            ProcessingRequest(response_headers=headers(content_type="application/json")),
+            ProcessingRequest(
+                response_body=HttpBody(body=b'{"usage":{"total_tokens":3}}', end_of_stream=True)
+            ),
+        ],
+        route="shaped",
+    )
+    assert json.loads(answers[3].response_body.response.body_mutation.body) == {
+        "billing": {"total_tokens": 3}
+    }
+    # A response that is not JSON passes untouched.
+    answers = await exchange(
+        stub,
+        [
+            *request(b"{}"),
+            ProcessingRequest(response_headers=headers(content_type="text/plain")),
+            ProcessingRequest(response_body=HttpBody(body=b"plain words", end_of_stream=True)),
+        ],
+        route="shaped",
+    )
+    assert not answers[3].response_body.response.HasField("body_mutation")

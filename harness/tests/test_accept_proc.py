@@ -32,6 +32,18 @@ GUARDRAILS = {
 }
 
 
+TRANSFORM = {
+    "request": {
+        "headers": {"set": {"x-tier": "gold"}, "remove": ["x-debug"]},
+        "json": [{"op": "set", "path": "/temperature", "value": 0.2}, {"op": "remove", "path": "/user"}],
+    },
+    "response": {
+        "headers": {"set": {"x-served-by": "stoa"}},
+        "json": [{"op": "rename", "path": "/method", "to": "/verb"}],
+    },
+}
+
+
 @pytest.fixture(scope="module")
 def estate(estates) -> Estate:
     estate = estates(EstateOptions(proc=True), "proc")
@@ -39,6 +51,13 @@ def estate(estates) -> Estate:
     estate.publish("chat", tenant_id=TENANT, upstream_url=model, methods=["POST"])
     estate.publish("plain", tenant_id=TENANT, upstream_url=model, methods=["POST"])
     estate.admin.add_policy("chat-guard", "guardrails", GUARDRAILS, tenant_id=TENANT, targets=["chat"])
+    # Guardrails and a transform on one route (one processing stream, the union of their phases),
+    # in front of the echo upstream, which shows what it received.
+    estate.publish("shaped", tenant_id=TENANT, methods=["POST"])
+    estate.admin.add_policy(
+        "shaped-guard", "guardrails", {"blockPatterns": [SECRET]}, tenant_id=TENANT, targets=["shaped"]
+    )
+    estate.admin.add_policy("shaped-transform", "transform", TRANSFORM, tenant_id=TENANT, targets=["shaped"])
     estate.admin.wait_synced()
     return estate
 
@@ -213,3 +232,22 @@ def test_service_down_is_503_with_retry_after(estate: Estate) -> None:
             "stoa-proc ready again",
         )
     assert chat(estate, ask("hi")).status_code == 200
+
+
+def test_transform_edits_both_ways_beside_guardrails(estate: Estate) -> None:
+    estate.upstream.clear()
+    response = chat(estate, {"user": "u-1", "q": "hi"}, api="shaped", x_debug="1")
+    assert response.status_code == 200
+    assert response.headers["x-served-by"] == "stoa"
+    echoed = response.json()
+    assert echoed["verb"] == "POST"
+    assert "method" not in echoed
+    [arrived] = estate.upstream.arrivals()
+    assert json.loads(arrived.body) == {"q": "hi", "temperature": 0.2}
+    assert arrived.header("x-tier") == "gold"
+    assert arrived.header("x-debug") is None
+    assert arrived.header("content-length") == str(len(arrived.body))
+    # The guardrails of the same route still hold, and a request that is not JSON is refused.
+    assert chat(estate, {"q": SECRET}, api="shaped").status_code == 403
+    assert chat(estate, b"plain words", api="shaped", content_type="text/plain").status_code == 400
+    assert len(estate.upstream.arrivals()) == 1

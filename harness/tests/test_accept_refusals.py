@@ -76,7 +76,7 @@ UNSUPPORTED: list[tuple[str, dict[str, Any]]] = [
     ("jwt_validation", {"issuer": "https://idp.example.com", "audience": "api"}),
     ("logging", {"level": "debug"}),
     ("caching", {"ttlSeconds": 60}),
-    ("transform", {"addHeaders": {"x-a": "b"}}),
+    ("waf", {"mode": "block"}),
     ("oidc", {"clientId": "web"}),
     ("geo_fence", {"countries": ["FR"]}),
 ]

@@ -67,7 +67,7 @@ class Route(_message.Message):
     def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., path_prefix: _Optional[str] = ..., methods: _Optional[_Iterable[str]] = ..., upstream_url: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., forward_credential: _Optional[bool] = ..., envelope: _Optional[bool] = ...) -> None: ...
 
 class Policy(_message.Message):
-    __slots__ = ("policy_id", "type", "scope", "targets", "tenant_id", "applicable", "cors", "rate_limit", "ip_filter", "guardrails")
+    __slots__ = ("policy_id", "type", "scope", "targets", "tenant_id", "applicable", "cors", "rate_limit", "ip_filter", "guardrails", "transform")
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class Policy(_message.Message):
     RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
     IP_FILTER_FIELD_NUMBER: _ClassVar[int]
     GUARDRAILS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFORM_FIELD_NUMBER: _ClassVar[int]
     policy_id: str
     type: str
     scope: str
@@ -88,7 +89,8 @@ class Policy(_message.Message):
     rate_limit: RateLimitPolicy
     ip_filter: IpFilterPolicy
     guardrails: _proc_pb2.Guardrails
-    def __init__(self, policy_id: _Optional[str] = ..., type: _Optional[str] = ..., scope: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., tenant_id: _Optional[str] = ..., applicable: _Optional[_Iterable[str]] = ..., cors: _Optional[_Union[CorsPolicy, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimitPolicy, _Mapping]] = ..., ip_filter: _Optional[_Union[IpFilterPolicy, _Mapping]] = ..., guardrails: _Optional[_Union[_proc_pb2.Guardrails, _Mapping]] = ...) -> None: ...
+    transform: _proc_pb2.Transform
+    def __init__(self, policy_id: _Optional[str] = ..., type: _Optional[str] = ..., scope: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., tenant_id: _Optional[str] = ..., applicable: _Optional[_Iterable[str]] = ..., cors: _Optional[_Union[CorsPolicy, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimitPolicy, _Mapping]] = ..., ip_filter: _Optional[_Union[IpFilterPolicy, _Mapping]] = ..., guardrails: _Optional[_Union[_proc_pb2.Guardrails, _Mapping]] = ..., transform: _Optional[_Union[_proc_pb2.Transform, _Mapping]] = ...) -> None: ...
 
 class CorsPolicy(_message.Message):
     __slots__ = ("allowed_origins", "allowed_methods", "allowed_headers", "expose_headers", "max_age", "allow_credentials")

@@ -25,19 +25,31 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15stoa_proto/proc.proto\x12\x0cstoa.proc.v1\x1a\x1cgoogle/protobuf/struct.proto\"(\n\x07PiiRule\x12\r\n\x05kinds\x18\x01 \x03(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\"\xa1\x01\n\nGuardrails\x12\x11\n\tdirection\x18\x01 \x01(\t\x12\x16\n\x0emax_body_bytes\x18\x02 \x01(\r\x12\x16\n\x0e\x62lock_patterns\x18\x03 \x03(\t\x12\"\n\x03pii\x18\x04 \x01(\x0b\x32\x15.stoa.proc.v1.PiiRule\x12,\n\x0bjson_schema\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\"n\n\tProcRoute\x12\x10\n\x08route_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61pi_id\x18\x03 \x01(\t\x12,\n\nguardrails\x18\x14 \x01(\x0b\x32\x18.stoa.proc.v1.Guardrails\"\x7f\n\rProcPolicySet\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\ngateway_id\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x03\x12\'\n\x06routes\x18\x05 \x03(\x0b\x32\x17.stoa.proc.v1.ProcRouteb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15stoa_proto/proc.proto\x12\x0cstoa.proc.v1\x1a\x1cgoogle/protobuf/struct.proto\"(\n\x07PiiRule\x12\r\n\x05kinds\x18\x01 \x03(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\"\xa1\x01\n\nGuardrails\x12\x11\n\tdirection\x18\x01 \x01(\t\x12\x16\n\x0emax_body_bytes\x18\x02 \x01(\r\x12\x16\n\x0e\x62lock_patterns\x18\x03 \x03(\t\x12\"\n\x03pii\x18\x04 \x01(\x0b\x32\x15.stoa.proc.v1.PiiRule\x12,\n\x0bjson_schema\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\"z\n\x0bHeaderEdits\x12/\n\x03set\x18\x01 \x03(\x0b\x32\".stoa.proc.v1.HeaderEdits.SetEntry\x12\x0e\n\x06remove\x18\x02 \x03(\t\x1a*\n\x08SetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"W\n\x08JsonEdit\x12\n\n\x02op\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12%\n\x05value\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\n\n\x02to\x18\x04 \x01(\t\"a\n\rTransformSide\x12*\n\x07headers\x18\x01 \x01(\x0b\x32\x19.stoa.proc.v1.HeaderEdits\x12$\n\x04json\x18\x02 \x03(\x0b\x32\x16.stoa.proc.v1.JsonEdit\"h\n\tTransform\x12,\n\x07request\x18\x01 \x01(\x0b\x32\x1b.stoa.proc.v1.TransformSide\x12-\n\x08response\x18\x02 \x01(\x0b\x32\x1b.stoa.proc.v1.TransformSide\"\x9a\x01\n\tProcRoute\x12\x10\n\x08route_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61pi_id\x18\x03 \x01(\t\x12,\n\nguardrails\x18\x14 \x01(\x0b\x32\x18.stoa.proc.v1.Guardrails\x12*\n\ttransform\x18\x15 \x01(\x0b\x32\x17.stoa.proc.v1.Transform\"\x7f\n\rProcPolicySet\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\ngateway_id\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x03\x12\'\n\x06routes\x18\x05 \x03(\x0b\x32\x17.stoa.proc.v1.ProcRouteb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stoa_proto.proc_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_HEADEREDITS_SETENTRY']._loaded_options = None
+  _globals['_HEADEREDITS_SETENTRY']._serialized_options = b'8\001'
   _globals['_PIIRULE']._serialized_start=69
   _globals['_PIIRULE']._serialized_end=109
   _globals['_GUARDRAILS']._serialized_start=112
   _globals['_GUARDRAILS']._serialized_end=273
-  _globals['_PROCROUTE']._serialized_start=275
-  _globals['_PROCROUTE']._serialized_end=385
-  _globals['_PROCPOLICYSET']._serialized_start=387
-  _globals['_PROCPOLICYSET']._serialized_end=514
+  _globals['_HEADEREDITS']._serialized_start=275
+  _globals['_HEADEREDITS']._serialized_end=397
+  _globals['_HEADEREDITS_SETENTRY']._serialized_start=355
+  _globals['_HEADEREDITS_SETENTRY']._serialized_end=397
+  _globals['_JSONEDIT']._serialized_start=399
+  _globals['_JSONEDIT']._serialized_end=486
+  _globals['_TRANSFORMSIDE']._serialized_start=488
+  _globals['_TRANSFORMSIDE']._serialized_end=585
+  _globals['_TRANSFORM']._serialized_start=587
+  _globals['_TRANSFORM']._serialized_end=691
+  _globals['_PROCROUTE']._serialized_start=694
+  _globals['_PROCROUTE']._serialized_end=848
+  _globals['_PROCPOLICYSET']._serialized_start=850
+  _globals['_PROCPOLICYSET']._serialized_end=977
 # @@protoc_insertion_point(module_scope)

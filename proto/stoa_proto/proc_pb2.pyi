@@ -29,17 +29,62 @@ class Guardrails(_message.Message):
     json_schema: _struct_pb2.Struct
     def __init__(self, direction: _Optional[str] = ..., max_body_bytes: _Optional[int] = ..., block_patterns: _Optional[_Iterable[str]] = ..., pii: _Optional[_Union[PiiRule, _Mapping]] = ..., json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
+class HeaderEdits(_message.Message):
+    __slots__ = ("set", "remove")
+    class SetEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SET_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    set: _containers.ScalarMap[str, str]
+    remove: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, set: _Optional[_Mapping[str, str]] = ..., remove: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class JsonEdit(_message.Message):
+    __slots__ = ("op", "path", "value", "to")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    path: str
+    value: _struct_pb2.Value
+    to: str
+    def __init__(self, op: _Optional[str] = ..., path: _Optional[str] = ..., value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., to: _Optional[str] = ...) -> None: ...
+
+class TransformSide(_message.Message):
+    __slots__ = ("headers", "json")
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    headers: HeaderEdits
+    json: _containers.RepeatedCompositeFieldContainer[JsonEdit]
+    def __init__(self, headers: _Optional[_Union[HeaderEdits, _Mapping]] = ..., json: _Optional[_Iterable[_Union[JsonEdit, _Mapping]]] = ...) -> None: ...
+
+class Transform(_message.Message):
+    __slots__ = ("request", "response")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    request: TransformSide
+    response: TransformSide
+    def __init__(self, request: _Optional[_Union[TransformSide, _Mapping]] = ..., response: _Optional[_Union[TransformSide, _Mapping]] = ...) -> None: ...
+
 class ProcRoute(_message.Message):
-    __slots__ = ("route_id", "tenant_id", "api_id", "guardrails")
+    __slots__ = ("route_id", "tenant_id", "api_id", "guardrails", "transform")
     ROUTE_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     API_ID_FIELD_NUMBER: _ClassVar[int]
     GUARDRAILS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFORM_FIELD_NUMBER: _ClassVar[int]
     route_id: str
     tenant_id: str
     api_id: str
     guardrails: Guardrails
-    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., guardrails: _Optional[_Union[Guardrails, _Mapping]] = ...) -> None: ...
+    transform: Transform
+    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., guardrails: _Optional[_Union[Guardrails, _Mapping]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ...) -> None: ...
 
 class ProcPolicySet(_message.Message):
     __slots__ = ("name", "version", "gateway_id", "generation", "routes")

@@ -142,6 +142,32 @@ def ext_proc_filter() -> ext_proc_pb2.ExternalProcessor:
     )
 
 
+# How much of a message each mode sends, least first: merging two kinds' modes keeps the larger.
+_HEADER_RANK = {ProcessingMode.SKIP: 0, ProcessingMode.DEFAULT: 1, ProcessingMode.SEND: 2}
+_BODY_RANK = {ProcessingMode.NONE: 0, ProcessingMode.STREAMED: 1, ProcessingMode.BUFFERED: 2}
+
+
+def merge_ext_proc_routes(a: message.Message, b: message.Message) -> ext_proc_pb2.ExtProcPerRoute:
+    """Two processing kinds on one route: one per-route config whose every phase is the larger of
+    the two (a phase one kind needs is never skipped for the other); same route metadata."""
+    if not isinstance(a, ext_proc_pb2.ExtProcPerRoute) or not isinstance(b, ext_proc_pb2.ExtProcPerRoute):
+        raise TypeError("only processing kinds share a filter")
+    merged = ext_proc_pb2.ExtProcPerRoute()
+    merged.CopyFrom(a)
+    mode, other = merged.overrides.processing_mode, b.overrides.processing_mode
+    for name, rank in (
+        ("request_header_mode", _HEADER_RANK),
+        ("response_header_mode", _HEADER_RANK),
+        ("request_trailer_mode", _HEADER_RANK),
+        ("response_trailer_mode", _HEADER_RANK),
+        ("request_body_mode", _BODY_RANK),
+        ("response_body_mode", _BODY_RANK),
+    ):
+        if rank[getattr(other, name)] > rank[getattr(mode, name)]:
+            setattr(mode, name, getattr(other, name))
+    return merged
+
+
 def buffer_filter() -> buffer_pb2.Buffer:
     return buffer_pb2.Buffer(max_request_bytes=wrappers_pb2.UInt32Value(value=PROC_DEFAULT_MAX_BODY_BYTES))
 

@@ -13,6 +13,7 @@ from stoa_proto import authz_pb2, inventory_pb2, proc_pb2
 
 from stoa_translate.decision import placement
 from stoa_translate.ir import SiteIR
+from stoa_translate.policies import PROCESSING_KINDS
 
 POLICY_SET_NAME = "default"
 
@@ -51,15 +52,14 @@ def render_proc_policy_set(site: SiteIR) -> proc_pb2.ProcPolicySet:
     authorization set (content only), and carried to the service in each stream's metadata."""
     content = proc_pb2.ProcPolicySet()
     for route in site.routes:
-        guardrails = route.policy("guardrails")
-        if guardrails is None:
+        rules = {name: route.policy(name) for name in PROCESSING_KINDS}
+        if not any(rules.values()):
             continue
-        content.routes.add(
-            route_id=route.route_id,
-            tenant_id=route.tenant_id,
-            api_id=route.api_id,
-            guardrails=guardrails.message(),
-        )
+        entry = content.routes.add(route_id=route.route_id, tenant_id=route.tenant_id, api_id=route.api_id)
+        for name, ir in rules.items():
+            if ir is not None:
+                # The member of ProcRoute named like the kind holds its rules.
+                getattr(entry, name).CopyFrom(ir.message())
     version = hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()[:16]
     content.name = POLICY_SET_NAME
     content.version = version

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.type.matcher.v3 import regex_pb2, string_pb2
-from google.protobuf import any_pb2, duration_pb2
+from google.protobuf import any_pb2, duration_pb2, message
 from stoa_proto.decisions import API_HEADER, TENANT_HEADER
 from stoa_proto.paths import HIDDEN_DOT_SEGMENT
 
@@ -37,6 +37,7 @@ from stoa_translate.filters import (
     REQUEST_RBAC_FILTER,
     buffer_route,
     ext_authz_route,
+    merge_ext_proc_routes,
     packed,
     virtual_host_configs,
 )
@@ -111,12 +112,17 @@ def _methods(route: RouteIR) -> tuple[str, ...]:
 def per_route_configs(route: RouteIR, options: TranslateOptions) -> dict[str, any_pb2.Any]:
     """typed_per_filter_config of every route entry rendered for `route`."""
     configs = _decision_configs(route, options)
+    kinds: dict[str, message.Message] = {}
     for name, ir in route.policies:
         kind = KINDS[name]
-        configs[kind.filter_name] = packed(kind.route_config(route.route_id, ir))
+        config = kind.route_config(route.route_id, ir)
+        # Kinds served by the processing service share its filter: one config with the union of phases.
+        shared = kinds.get(kind.filter_name)
+        kinds[kind.filter_name] = config if shared is None else merge_ext_proc_routes(shared, config)
     buffered = route.request_buffer_bytes()
     if buffered is not None:
-        configs[BUFFER_FILTER] = packed(buffer_route(buffered))
+        kinds[BUFFER_FILTER] = buffer_route(buffered)
+    configs.update((name, packed(config)) for name, config in kinds.items())
     return configs
 
 

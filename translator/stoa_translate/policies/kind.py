@@ -73,7 +73,14 @@ def _read(typed: message.Message, config: Mapping[str, Any], kind_name: str, pre
             raise ConfigError(key, f"is not a key of a {kind_name} config (keys: {', '.join(by_key)})")
         if value is None:
             continue
-        if field.type == FieldDescriptor.TYPE_MESSAGE and not field.is_repeated:
+        if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
+            _string_map(getattr(typed, field.name), key, value)
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and field.is_repeated:
+            if not isinstance(value, list) or len(value) > MAX_ENTRIES:
+                raise ConfigError(key, f"must be a list of at most {MAX_ENTRIES} objects")
+            for i, entry in enumerate(value):
+                _message(getattr(typed, field.name).add(), f"{key}[{i}]", entry, kind_name)
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
             _message(getattr(typed, field.name), key, value, kind_name)
         elif field.is_repeated:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -87,18 +94,28 @@ def _read(typed: message.Message, config: Mapping[str, Any], kind_name: str, pre
             setattr(typed, field.name, _scalar(key, field, value))
 
 
+def _string_map(target: Any, key: str, value: object) -> None:
+    if not isinstance(value, Mapping) or len(value) > MAX_ENTRIES:
+        raise ConfigError(key, f"must be an object of at most {MAX_ENTRIES} string values")
+    for name, entry in value.items():
+        if not isinstance(entry, str):
+            raise ConfigError(f"{key}.{name}", "must be a string")
+        target[_text(key, name)] = _text(f"{key}.{name}", entry)
+
+
 def _message(target: message.Message, key: str, value: object, kind_name: str) -> None:
-    """A nested object: a free-form one (google.protobuf.Struct, e.g. a JSON Schema) as it is, bounded
-    in size; a typed one by the same rules as the config itself."""
-    if not isinstance(value, Mapping):
+    """A nested object: a free-form one (google.protobuf.Struct, e.g. a JSON Schema; Value, any JSON)
+    as it is, bounded in size; a typed one by the same rules as the config itself."""
+    free_form = target.DESCRIPTOR.full_name in ("google.protobuf.Struct", "google.protobuf.Value")
+    if not isinstance(value, Mapping) and not free_form:
         raise ConfigError(key, "must be a JSON object")
-    if target.DESCRIPTOR.full_name == "google.protobuf.Struct":
+    if free_form:
         if len(json.dumps(value)) > MAX_DOCUMENT:
             raise ConfigError(key, f"must be at most {MAX_DOCUMENT} characters as JSON")
         try:
             json_format.ParseDict(value, target)
         except json_format.ParseError as exc:
-            raise ConfigError(key, f"is not a JSON object ({exc})") from None
+            raise ConfigError(key, f"is not JSON of the expected shape ({exc})") from None
         return
     target.SetInParent()
     _read(target, value, kind_name, f"{key}.")
