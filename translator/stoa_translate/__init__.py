@@ -52,15 +52,29 @@ class Translator:
     def translate(self, inventory: inventory_pb2.Inventory) -> Snapshot:
         """Render `inventory`; raises `stoa_translate.refusal.Refusal` when it cannot be expressed safely."""
         site, resolved = ir.build(inventory, self._resolved)
-        site = placed(site, self.options)
+        snapshot, rendered, named = self._render(placed(site, self.options))
+        self._resolved, self._rendered, self._clusters_named = resolved, rendered, named
+        return snapshot
+
+    def resolve(self, inventory: inventory_pb2.Inventory) -> ir.SiteIR:
+        """The first stage alone: the inventory's IR as `render` takes it (refusals as in `translate`)."""
+        return placed(ir.build(inventory, {})[0], self.options)
+
+    def render(self, site: ir.SiteIR) -> Snapshot:
+        """The second stage alone: an IR (from `resolve`) to the snapshot, checked for consistency."""
+        return self._render(site)[0]
+
+    def _render(
+        self, site: ir.SiteIR
+    ) -> tuple[Snapshot, dict[ir.RouteIR, bytes], dict[bytes, frozenset[str]]]:
         # The routes carry the policy-set version, so the set is rendered first.
         policy_set = render_policy_set(site)
         proc_set = render_proc_policy_set(site)
         proc_version = proc_set.version if site.needs_processing() else None
         routes, rendered = render_routes(site, self.options, policy_set.version, proc_version, self._rendered)
         snapshot = Snapshot.build(
-            inventory.gateway_id,
-            inventory.generation,
+            site.gateway_id,
+            site.generation,
             {
                 CLUSTER: render_clusters(site, self.options),
                 LISTENER: [render_listener(site, self.options)],
@@ -77,8 +91,7 @@ class Translator:
         dangling = dangling_references(snapshot, frozenset().union(*named.values()))
         if dangling:
             raise Refusal(FailureReason.INCONSISTENT_SNAPSHOT, "; ".join(dangling))
-        self._resolved, self._rendered, self._clusters_named = resolved, rendered, named
-        return snapshot
+        return snapshot, rendered, named
 
 
 def translate(inventory: inventory_pb2.Inventory, options: TranslateOptions) -> Snapshot:

@@ -250,3 +250,8 @@ def _resolve_policies(inventory: inventory_pb2.Inventory) -> dict[str, dict[str,
                 )
             by_route.setdefault(route_id, {})[policy.type] = parsed
     return by_route
+
+
+def to_json(site: SiteIR) -> dict[str, Any]:
+    """The IR as plain JSON data: the golden files of the inventory → IR stage."""
+    return dataclasses.asdict(site)

@@ -1,9 +1,9 @@
-"""Golden files: each `golden/<case>/inventory.json` renders to exactly `golden/<case>/expected/*.json`.
-
-A case renders either one file per resource (`<kind>.<name>.json`, proto3 JSON, sorted keys) or
-`refusal.json` (reason and detail). `STOA_UPDATE_GOLDEN=1 uv run pytest link-agent/tests/
-test_link_translate_golden.py` rewrites the expected files; review the diff before committing it.
-Every rendered case also passes `envoy --mode validate` (one Envoy run for all cases).
+"""Golden files per stage: each `golden/<case>/inventory.json` resolves to exactly `golden/<case>/ir/`
+(the IR as JSON, `ir.json`) and that IR renders to exactly `golden/<case>/expected/` (one file per
+resource, `<kind>.<name>.json`, proto3 JSON, sorted keys). A refusal is `refusal.json` (reason and
+detail) at the stage that refuses, and after it. `STOA_UPDATE_GOLDEN=1 uv run pytest translator/tests/
+test_translate_golden.py` rewrites the files; review the diff before committing it. Every rendered case
+also passes `envoy --mode validate` (one Envoy run for all cases).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from google.protobuf import json_format
 from stoa_harness.envoy import validate_config
 from stoa_proto import inventory_pb2
-from stoa_translate import TranslateOptions, translate
+from stoa_translate import TranslateOptions, Translator, ir, translate
 from stoa_translate.refusal import FailureReason, Refusal
 from stoa_translate.snapshot import AUTHZ_POLICY_SET, CLUSTER, LISTENER, PROC_POLICY_SET, ROUTE, Snapshot
 from stoa_translate.static import static_bootstrap
@@ -50,33 +50,62 @@ def load_inventory(case: str) -> inventory_pb2.Inventory:
     return json_format.Parse((GOLDEN / case / "inventory.json").read_text(), inventory_pb2.Inventory())
 
 
-def render(case: str) -> tuple[dict[str, str], Snapshot | None]:
+def refusal_file(refusal: Refusal) -> dict[str, str]:
+    return {"refusal.json": dumps({"reason": FailureReason.Name(refusal.reason), "detail": refusal.detail})}
+
+
+def stages(case: str) -> tuple[dict[str, str], dict[str, str], Snapshot | None]:
+    """(inventory → IR files, IR → xDS files, the snapshot): each stage run on its own. A refusal is
+    the last stage's file; a case refused at the IR stage has the same refusal as its xDS files."""
+    translator = Translator(OPTIONS)
     try:
-        snapshot = translate(load_inventory(case), OPTIONS)
+        site = translator.resolve(load_inventory(case))
     except Refusal as refusal:
-        body = {"reason": FailureReason.Name(refusal.reason), "detail": refusal.detail}
-        return {"refusal.json": dumps(body)}, None
+        return refusal_file(refusal), refusal_file(refusal), None
+    ir_files = {"ir.json": dumps(ir.to_json(site))}
+    try:
+        snapshot = translator.render(site)
+    except Refusal as refusal:
+        return ir_files, refusal_file(refusal), None
     files = {}
     for type_url, kind in KINDS.items():
         for resource in snapshot.of(type_url):
             doc = json_format.MessageToDict(resource, preserving_proto_field_name=True)
             files[f"{kind}.{resource.name}.json"] = dumps(doc)
-    return files, snapshot
+    return ir_files, files, snapshot
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_golden(case: str) -> None:
-    rendered, _ = render(case)
-    expected_dir = GOLDEN / case / "expected"
+def check_stage(case: str, folder: str, rendered: dict[str, str]) -> None:
+    expected_dir = GOLDEN / case / folder
     if UPDATE:
         shutil.rmtree(expected_dir, ignore_errors=True)
         expected_dir.mkdir()
         for name, text in rendered.items():
             (expected_dir / name).write_text(text)
     expected = {p.name: p.read_text() for p in sorted(expected_dir.glob("*.json"))}
-    assert sorted(rendered) == sorted(expected), f"{case}: rendered files differ from the golden set"
+    assert sorted(rendered) == sorted(expected), f"{case}/{folder}: rendered files differ from the golden set"
     for name, text in rendered.items():
-        assert text == expected[name], f"{case}/{name} differs from the golden file"
+        assert text == expected[name], f"{case}/{folder}/{name} differs from the golden file"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_inventory_to_ir(case: str) -> None:
+    check_stage(case, "ir", stages(case)[0])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_ir_to_xds(case: str) -> None:
+    check_stage(case, "expected", stages(case)[1])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_translation_is_the_two_stages(case: str) -> None:
+    _, _, snapshot = stages(case)
+    if snapshot is None:
+        with pytest.raises(Refusal):
+            translate(load_inventory(case), OPTIONS)
+    else:
+        assert translate(load_inventory(case), OPTIONS) == snapshot
 
 
 def test_refusal_cases_name_the_reason_expected_by_their_name() -> None:
@@ -99,7 +128,7 @@ def test_refusal_cases_name_the_reason_expected_by_their_name() -> None:
 def test_every_golden_case_passes_envoy_validate() -> None:
     snapshots = {}
     for case in CASES:
-        _, snapshot = render(case)
+        _, _, snapshot = stages(case)
         if snapshot is not None:
             snapshots[case] = snapshot
     assert len(snapshots) >= 10
