@@ -14,11 +14,24 @@ from stoa_cp.access import Authentication, on_taken
 from stoa_cp.events import InventoryEvents
 from stoa_cp.principal import Authenticator
 from stoa_cp.problems import Taken
-from stoa_cp.routers import apis, audit, gateways, health, issuers, link, policies, preview, tenants
+from stoa_cp.request_body import BodyLimit
+from stoa_cp.routers import (
+    apis,
+    audit,
+    bulk,
+    gateways,
+    health,
+    issuers,
+    link,
+    metrics,
+    policies,
+    preview,
+    tenants,
+)
 from stoa_cp.schemas import unstorable
 from stoa_cp.settings import Settings
 from stoa_cp.store import policies as policy_store
-from stoa_cp.store.database import Database
+from stoa_cp.store.database import Bounds, Database
 from stoa_cp.store.inventory import InventoryCache
 
 log = logging.getLogger("stoa_cp")
@@ -32,13 +45,23 @@ async def storable_path(request: Request) -> None:
             raise problems.invalid(*found)
 
 
+def bounds(settings: Settings) -> Bounds:
+    return Bounds(
+        connect_s=settings.db_connect_timeout_s,
+        acquire_s=settings.db_acquire_timeout_s,
+        statement_s=settings.db_statement_timeout_s,
+        transaction_s=settings.db_transaction_timeout_s,
+        retry_after_s=settings.db_retry_after_s,
+    )
+
+
 def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not settings.admin_tokens and not settings.oidc_issuers:
             log.warning("no admin token and no trusted issuer: every request on the CP API will be refused")
         app.state.db = await Database.open(
-            settings.database_url, settings.pool_min_size, settings.pool_max_size
+            settings.database_url, settings.pool_min_size, settings.pool_max_size, bounds(settings)
         )
         # Policies stored before typed configs are re-read by the translator's rules (migration 0004).
         async with app.state.db.transaction() as conn:
@@ -48,7 +71,12 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             await app.state.events.start()
             refresher = asyncio.create_task(
-                trust.refresh_forever(app.state.db, settings.jwks_refresh_s, settings.jwks_fetch_timeout_s),
+                trust.refresh_forever(
+                    app.state.db,
+                    settings.jwks_refresh_s,
+                    settings.jwks_fetch_timeout_s,
+                    settings.issuer_stale_after_s,
+                ),
                 name="stoa-cp-jwks-refresh",
             )
             yield
@@ -69,11 +97,19 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.inventory_cache = InventoryCache()
+    app.state.metrics = metrics.Metrics()
     problems.install(app)
     app.add_exception_handler(Taken, on_taken)
+    app.add_middleware(
+        BodyLimit,
+        default=(settings.max_body_bytes, "max_body_bytes"),
+        larger=[
+            (bulk.PATH.replace("{tenant_id}", "[^/]+"), settings.bulk_max_body_bytes, "bulk_max_body_bytes")
+        ],
+    )
     # Outermost: callers are authenticated before anything reads, limits or parses a body.
     app.add_middleware(Authentication, authenticator=Authenticator(settings))
-    for module in (tenants, apis, gateways, preview, issuers, link, health, audit):
+    for module in (tenants, apis, bulk, gateways, preview, issuers, link, health, metrics, audit):
         app.include_router(module.router)
     app.include_router(policies.tenant_router)
     app.include_router(policies.gateway_router)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PROBLEM_JSON = "application/problem+json"
+T = TypeVar("T")
 log = logging.getLogger("stoa_cp")
 
 
@@ -129,6 +131,18 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(Exception, on_unexpected)
 
 
+REPEATED_CREATE: dict[int | str, dict[str, object]] = {
+    200: {"description": "Created earlier with this same body: the stored resource, nothing changed"}
+}
+
+
+def answered(response: Response, resource: T, created: bool) -> T:
+    """201 when this call created the resource, 200 when a repeated create found it as asked."""
+    if not created:
+        response.status_code = 200
+    return resource
+
+
 PROBLEM_RESPONSES: dict[int | str, dict[str, object]] = {
     status: {"model": ProblemBody, "content": {PROBLEM_JSON: {}}, "description": desc}
     for status, desc in (
@@ -136,6 +150,8 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, object]] = {
         (403, "Credential of another principal"),
         (404, "Unknown resource (the field is named)"),
         (409, "Conflict (the field is named)"),
+        (413, "Request body over its limit (the setting is named)"),
         (422, "Invalid input (each bad field is named)"),
+        (503, "The database did not answer within its bounds (Retry-After)"),
     )
 }

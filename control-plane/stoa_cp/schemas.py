@@ -170,7 +170,10 @@ class GatewayOut(BaseModel):
 
 
 class GatewayCreated(GatewayOut):
-    credential: str = Field(description="Shown once; the CP stores only its SHA-256 digest")
+    credential: str | None = Field(
+        description="Shown once, by the answer that registered the gateway (null in the answer to a "
+        "repeated registration); the CP stores only its SHA-256 digest"
+    )
 
 
 class DeploymentOut(BaseModel):
@@ -178,6 +181,28 @@ class DeploymentOut(BaseModel):
     api_id: str
     generation: int = Field(description="The gateway's generation after this request")
     changed: bool
+
+
+class BulkDeployments(Strict):
+    gateway_id: Identifier
+    api_ids: list[Identifier] = Field(min_length=1)
+
+
+class BulkIn(Strict):
+    """APIs of the tenant (created, or replaced as by PUT) and deployments, published together."""
+
+    apis: list[ApiIn] = []
+    deploy: list[BulkDeployments] = []
+    undeploy: list[BulkDeployments] = []
+
+
+class BulkOut(BaseModel):
+    created: list[str] = Field(description="api_ids created by this request")
+    updated: list[str] = Field(description="api_ids whose fields this request changed")
+    deployed: dict[str, list[str]] = Field(description="gateway_id -> api_ids newly deployed there")
+    undeployed: dict[str, list[str]] = Field(description="gateway_id -> api_ids removed there")
+    changed: list[str] = Field(description="Gateways that got exactly one new generation")
+    generations: dict[str, int] = Field(description="gateway_id -> its generation after this request")
 
 
 class LastReport(BaseModel):
@@ -262,8 +287,18 @@ class IssuerOut(BaseModel):
     issuer: str
     jwks_uri: str | None
     jwks: dict[str, Any]
-    fetched_at: datetime | None
+    fetched_at: datetime | None = Field(description="When keys were last fetched and adopted")
+    last_fetched_at: datetime | None = Field(description="The same as fetched_at")
     last_error: str
+    stale: bool = Field(
+        description="No fetch adopted for longer than the stale bound: the keys are out of every "
+        "inventory and the issuer's tokens are refused until a fetch succeeds"
+    )
+
+    @classmethod
+    def of(cls, row: Any) -> IssuerOut:
+        """From a stored row (`last_fetched_at` is `fetched_at`)."""
+        return cls(**{**dict(row), "last_fetched_at": row["fetched_at"]})
 
 
 class IssuerRefreshed(IssuerOut):

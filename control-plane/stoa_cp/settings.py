@@ -32,12 +32,26 @@ class Settings(BaseSettings):
     port: int = Field(default=8080, ge=0, le=65535)
     jwks_fetch_timeout_s: float = Field(default=3.0, gt=0, le=60)
     jwks_refresh_s: float = Field(default=300.0, gt=0)
+    # Past this long without an adopted fetch, an issuer's keys leave the inventories (tokens refused).
+    issuer_stale_after_s: float = Field(default=86_400.0, gt=0)
     sse_ping_s: float = Field(default=15.0, gt=0)
     pool_min_size: int = Field(default=2, ge=1)
     pool_max_size: int = Field(default=10, ge=1)
     log_level: str = "info"
     # The Envoy binary `GET /v1/gateways/{g}/preview?validate=envoy` runs; empty: `envoy` on PATH.
     envoy_binary: str = ""
+    # Every wait on the database is bounded; past a bound the call answers 503 with Retry-After.
+    db_connect_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    db_acquire_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    db_statement_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    db_transaction_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    db_retry_after_s: int = Field(default=5, ge=1, le=3600)
+    ready_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    # Limits: each refusal names the limit (413 for a body, 422 for a count).
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    bulk_max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    bulk_max_items: int = Field(default=50_000, ge=1)
+    max_routes_per_tenant: int = Field(default=20_000, ge=1)
 
     @field_validator("admin_tokens", "oidc_issuers", mode="before")
     @classmethod

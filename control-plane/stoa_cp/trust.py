@@ -17,7 +17,9 @@ from stoa_cp.store.database import Database
 log = logging.getLogger("stoa_cp")
 
 
-async def create(db: Database, tenant_id: str, body: IssuerIn, fetch_timeout_s: float) -> asyncpg.Record:
+async def create(
+    db: Database, tenant_id: str, body: IssuerIn, fetch_timeout_s: float
+) -> tuple[asyncpg.Record, bool]:
     """Trust an issuer: inline keys are checked, a jwks_uri is fetched now; failure stores nothing."""
     if (body.jwks_uri is None) == (body.jwks is None):
         raise Problem(422, "Validation failed", [("jwks_uri", "give exactly one of jwks_uri or jwks")])
@@ -51,14 +53,18 @@ async def refresh(db: Database, issuer_id: str, fetch_timeout_s: float) -> tuple
     return await issuers.adopt_keys(db, current["tenant_id"], issuer_id, uri, keys)
 
 
-async def refresh_forever(db: Database, interval_s: float, fetch_timeout_s: float) -> None:
-    """Background refresh of every jwks_uri; a failing provider keeps its last good keys."""
+async def refresh_forever(
+    db: Database, interval_s: float, fetch_timeout_s: float, stale_after_s: float
+) -> None:
+    """Background refresh of every jwks_uri; a failing provider keeps its last good keys until they are
+    `stale_after_s` old, then they leave the inventories (a site keeps serving through a CP outage, but
+    not on keys its identity provider stopped vouching for long ago)."""
     while True:
         await asyncio.sleep(interval_s)
         try:
             ids = await issuers.with_jwks_uri(db)
-        except (OSError, asyncpg.PostgresError) as exc:
-            log.warning("JWKS refresh skipped: database unavailable (%s)", exc)
+        except Problem as exc:
+            log.warning("JWKS refresh skipped: %s", exc.detail)
             continue
         for issuer_id in ids:
             try:
@@ -69,3 +75,12 @@ async def refresh_forever(db: Database, interval_s: float, fetch_timeout_s: floa
                 log.warning("JWKS refresh of issuer %s failed: %s", issuer_id, exc.detail)
             except (OSError, asyncpg.PostgresError) as exc:
                 log.warning("JWKS refresh of issuer %s failed: %s", issuer_id, exc)
+        try:
+            for issuer_id in await issuers.mark_stale(db, stale_after_s):
+                log.warning(
+                    "issuer_stale issuer=%s: no fetch adopted for %.0fs; its keys leave the inventories",
+                    issuer_id,
+                    stale_after_s,
+                )
+        except Problem as exc:
+            log.warning("stale issuer check skipped: %s", exc.detail)

@@ -205,7 +205,9 @@ async def test_a_tenant_admin_manages_its_own_tenant(cp, idp, world) -> None:
         assert created.status_code == 201, created.text
         deployed = await client.put(f"/v1/gateways/{world.gateway}/deployments/{world.a}-new")
         assert deployed.status_code == 200, deployed.text
-        clash = await client.post(f"/v1/tenants/{world.a}/apis", json=api_body(f"{world.a}-new"))
+        repeated = await client.post(f"/v1/tenants/{world.a}/apis", json=api_body(f"{world.a}-new"))
+        assert repeated.status_code == 200, repeated.text  # the same body again: the stored API
+        clash = await client.post(f"/v1/tenants/{world.a}/apis", json=api_body(f"{world.a}-new", name="Y"))
         assert clash.status_code == 409  # its own object: a plain conflict
         entries = (await client.get("/v1/audit")).json()
     assert all(e["tenant_id"] == world.a or e["actor_tenant"] == world.a for e in entries)

@@ -134,7 +134,10 @@ async def test_inline_jwks_and_duplicates(api, tenant_on_gateway) -> None:
     created = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers", json=body)
     assert created.status_code == 201, created.text
     assert created.json()["jwks_uri"] is None
-    dup = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers", json=body)
+    repeated = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers", json=body)
+    assert repeated.status_code == 200, repeated.text
+    assert repeated.json()["issuer_id"] == created.json()["issuer_id"]
+    dup = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers", json={**body, "jwks": {"keys": [rsa]}})
     assert dup.status_code == 409
     assert dup.json()["errors"][0]["field"] == "issuer"
     no_uri = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers/{created.json()['issuer_id']}/refresh")

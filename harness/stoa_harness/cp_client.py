@@ -196,6 +196,25 @@ class CPCalls(Generic[R]):
         credential."""
         return self.send(Call("GET", f"/v1/gateways/{self._gateway(gateway_id)}/config"))
 
+    # -- bulk publication -------------------------------------------------------------------------
+    def bulk(
+        self,
+        tenant_id: str,
+        *,
+        apis: Sequence[Mapping[str, Any]] = (),
+        deploy: Mapping[str, Sequence[str]] | None = None,
+        undeploy: Mapping[str, Sequence[str]] | None = None,
+    ) -> R:
+        """Create or replace the API bodies `apis`, then deploy and undeploy api ids per gateway
+        (`{gateway_id: [api_id, ...]}`), all in one transaction; the CP's answer (`generations` per
+        gateway, `changed`, `created`, ...)."""
+        body = {
+            "apis": [dict(a) for a in apis],
+            "deploy": [{"gateway_id": g, "api_ids": list(ids)} for g, ids in (deploy or {}).items()],
+            "undeploy": [{"gateway_id": g, "api_ids": list(ids)} for g, ids in (undeploy or {}).items()],
+        }
+        return self.send(Call("POST", f"/v1/tenants/{tenant_id}/bulk", body))
+
     # -- policies ---------------------------------------------------------------------------------
     def create_policy(
         self,

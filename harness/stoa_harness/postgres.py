@@ -19,9 +19,11 @@ import pwd
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -105,6 +107,33 @@ class EmbeddedPostgres(Lifecycle):
             self._running = False
         shutil.rmtree(self._tmp, ignore_errors=True)
         self._tmp = None
+
+    # -- faults (tests) ---------------------------------------------------------------------------
+    def server_pids(self) -> list[int]:
+        """The postmaster and every process it started (backends, checkpointer, ...)."""
+        postmaster = int((self._data / "postmaster.pid").read_text().split("\n", 1)[0])
+        children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+        return [postmaster, *(int(pid) for pid in children)]
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Every server process stopped by SIGSTOP (connections stay open, nothing answers) until the
+        block ends, then SIGCONT, whatever happened inside."""
+        pids = self.server_pids()
+        try:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            yield
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
+    def stop_server(self) -> None:
+        """Stop the server cleanly (fast shutdown: sessions are ended), keeping its files until stop()."""
+        if self._running:
+            self._run(["pg_ctl", "stop", "-D", str(self._data), "-m", "fast", "-w", "-t", "30"], check=True)
+            self._running = False
 
     # -- use --------------------------------------------------------------------------------------
     @property

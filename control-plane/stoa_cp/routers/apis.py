@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
 from stoa_cp.access import TenantScope
 from stoa_cp.dependencies import Db, ExistingTenant
-from stoa_cp.problems import PROBLEM_RESPONSES, invalid
+from stoa_cp.problems import PROBLEM_RESPONSES, REPEATED_CREATE, answered, invalid
 from stoa_cp.schemas import ApiIn, ApiOut, ApiUpdate
 from stoa_cp.store import apis
 
@@ -16,9 +16,11 @@ router = APIRouter(
 )
 
 
-@router.post("", status_code=201)
-async def create_api(tenant_id: str, body: ApiIn, db: Db) -> ApiOut:
-    return await apis.create(db, tenant_id, body)
+@router.post("", status_code=201, responses=REPEATED_CREATE)
+async def create_api(tenant_id: str, body: ApiIn, request: Request, db: Db, response: Response) -> ApiOut:
+    max_routes = request.app.state.settings.max_routes_per_tenant
+    api, created = await apis.create(db, tenant_id, body, max_routes)
+    return answered(response, api, created)
 
 
 @router.get("")

@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from stoa_cp.access import AnyCaller, ApiScope, Caller, PlatformScope
 from stoa_cp.auth import new_credential
 from stoa_cp.dependencies import Db, ExistingGateway
-from stoa_cp.problems import PROBLEM_RESPONSES
+from stoa_cp.problems import PROBLEM_RESPONSES, REPEATED_CREATE, answered
 from stoa_cp.schemas import DeploymentOut, GatewayCreated, GatewayIn, GatewayOut, GatewayStatus
 from stoa_cp.store import deployments, gateways
 
@@ -14,11 +14,12 @@ router = APIRouter(
 )
 
 
-@router.post("", status_code=201, dependencies=[PlatformScope])
-async def create_gateway(body: GatewayIn, db: Db) -> GatewayCreated:
+@router.post("", status_code=201, dependencies=[PlatformScope], responses=REPEATED_CREATE)
+async def create_gateway(body: GatewayIn, db: Db, response: Response) -> GatewayCreated:
     """Register a gateway at generation 1; the credential is returned once and stored only hashed."""
     credential, credential_digest = new_credential()
-    return await gateways.create(db, body, credential, credential_digest)
+    gateway, created = await gateways.create(db, body, credential, credential_digest)
+    return answered(response, gateway, created)
 
 
 @router.get("")

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -15,10 +13,13 @@ async def live() -> dict[str, str]:
     return {"status": "live"}
 
 
-@router.get("/ready", responses={503: {"description": "The database is unreachable"}})
+@router.get("/ready", responses={503: {"description": "The database did not answer within the bound"}})
 async def ready(request: Request) -> JSONResponse:
+    """Ready when the database answers a round trip within `ready_timeout_s` (whatever its own state)."""
+    settings = request.app.state.settings
     try:
-        await asyncio.wait_for(request.app.state.db.ping(), timeout=2.0)
+        await request.app.state.db.ping(settings.ready_timeout_s)
     except Exception:
-        return Problem(503, "Not ready", [("database", "unreachable")]).response()
+        headers = {"Retry-After": str(settings.db_retry_after_s)}
+        return Problem(503, "Not ready", [("database", "unreachable")], headers=headers).response()
     return JSONResponse({"status": "ready"})

@@ -5,7 +5,7 @@ from fastapi import APIRouter, Request, Response
 from stoa_cp import trust
 from stoa_cp.access import TenantScope
 from stoa_cp.dependencies import Db, ExistingTenant
-from stoa_cp.problems import PROBLEM_RESPONSES, not_found
+from stoa_cp.problems import PROBLEM_RESPONSES, REPEATED_CREATE, answered, not_found
 from stoa_cp.schemas import IssuerIn, IssuerOut, IssuerRefreshed
 from stoa_cp.store import issuers
 
@@ -17,16 +17,18 @@ router = APIRouter(
 )
 
 
-@router.post("", status_code=201)
-async def create_issuer(tenant_id: str, body: IssuerIn, request: Request, db: Db) -> IssuerOut:
+@router.post("", status_code=201, responses=REPEATED_CREATE)
+async def create_issuer(
+    tenant_id: str, body: IssuerIn, request: Request, db: Db, response: Response
+) -> IssuerOut:
     """Trust an issuer for the tenant. A jwks_uri is fetched now (bounded timeout); failure stores nothing."""
-    row = await trust.create(db, tenant_id, body, request.app.state.settings.jwks_fetch_timeout_s)
-    return IssuerOut(**dict(row))
+    row, created = await trust.create(db, tenant_id, body, request.app.state.settings.jwks_fetch_timeout_s)
+    return answered(response, IssuerOut.of(row), created)
 
 
 @router.get("")
 async def list_issuers(tenant_id: ExistingTenant, db: Db) -> list[IssuerOut]:
-    return [IssuerOut(**dict(row)) for row in await issuers.list_for(db, tenant_id)]
+    return [IssuerOut.of(row) for row in await issuers.list_for(db, tenant_id)]
 
 
 @router.delete("/{issuer_id}", status_code=204)
@@ -41,4 +43,4 @@ async def refresh_issuer(tenant_id: str, issuer_id: str, request: Request, db: D
     if (await issuers.get(db, issuer_id))["tenant_id"] != tenant_id:
         raise not_found("issuer_id", issuer_id)
     row, changed = await trust.refresh(db, issuer_id, request.app.state.settings.jwks_fetch_timeout_s)
-    return IssuerRefreshed(**dict(row), changed=changed)
+    return IssuerRefreshed(**IssuerOut.of(row).model_dump(), changed=changed)

@@ -64,6 +64,8 @@ async def stream_events(
         last_sent = int(last_event_id) if last_event_id not in (None, "") else 0
     except ValueError:
         raise invalid("Last-Event-ID", "must be a generation (an integer)") from None
+    if last_sent > 0:
+        await gateways.move_above(db, gateway_id, last_sent, "Last-Event-ID")
     cache = _cache(request)
     events = request.app.state.events
 
@@ -134,6 +136,9 @@ async def post_sync_report(
         raise invalid("snapshot_version", "is required with SYNCED")
     if report.status == inventory_pb2.FAILED and report.reason == inventory_pb2.FAILURE_REASON_UNSPECIFIED:
         raise invalid("reason", "is required with FAILED")
+    if await gateways.move_above(db, gateway_id, report.generation, "sync report") is not None:
+        # A report about a generation this database never had: the state is what the move made it.
+        return await gateways.status(db, gateway_id)
     await sync_reports.record(
         db,
         gateway_id,

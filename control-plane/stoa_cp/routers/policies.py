@@ -9,7 +9,7 @@ from fastapi import APIRouter, Response
 from stoa_cp import policy_config
 from stoa_cp.access import PlatformScope, TenantScope
 from stoa_cp.dependencies import Db, ExistingGateway, ExistingTenant
-from stoa_cp.problems import PROBLEM_RESPONSES, invalid
+from stoa_cp.problems import PROBLEM_RESPONSES, REPEATED_CREATE, answered, invalid
 from stoa_cp.schemas import (
     GatewayPolicyFields,
     GatewayPolicyIn,
@@ -47,10 +47,11 @@ def _check_tenant_policy(body: TenantPolicyFields) -> None:
         raise invalid("targets", "must be empty for scope 'tenant' (it applies to every route of the tenant)")
 
 
-@tenant_router.post("", status_code=201)
-async def create_tenant_policy(tenant_id: str, body: TenantPolicyIn, db: Db) -> PolicyOut:
+@tenant_router.post("", status_code=201, responses=REPEATED_CREATE)
+async def create_tenant_policy(tenant_id: str, body: TenantPolicyIn, db: Db, response: Response) -> PolicyOut:
     _check_tenant_policy(body)
-    return await policies.create_for_tenant(db, tenant_id, _accepted(body, body.policy_id))
+    policy, created = await policies.create_for_tenant(db, tenant_id, _accepted(body, body.policy_id))
+    return answered(response, policy, created)
 
 
 @tenant_router.get("")
@@ -77,9 +78,12 @@ async def delete_tenant_policy(tenant_id: str, policy_id: str, db: Db) -> Respon
     return Response(status_code=204)
 
 
-@gateway_router.post("", status_code=201)
-async def create_gateway_policy(gateway_id: str, body: GatewayPolicyIn, db: Db) -> PolicyOut:
-    return await policies.create_for_gateway(db, gateway_id, _accepted(body, body.policy_id))
+@gateway_router.post("", status_code=201, responses=REPEATED_CREATE)
+async def create_gateway_policy(
+    gateway_id: str, body: GatewayPolicyIn, db: Db, response: Response
+) -> PolicyOut:
+    policy, created = await policies.create_for_gateway(db, gateway_id, _accepted(body, body.policy_id))
+    return answered(response, policy, created)
 
 
 @gateway_router.get("")

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from stoa_cp.access import AnyCaller, Caller, PlatformScope
 from stoa_cp.dependencies import Db
-from stoa_cp.problems import PROBLEM_RESPONSES
+from stoa_cp.problems import PROBLEM_RESPONSES, REPEATED_CREATE, answered
 from stoa_cp.schemas import TenantIn, TenantOut
 from stoa_cp.store import tenants
 
@@ -13,9 +13,10 @@ router = APIRouter(
 )
 
 
-@router.post("", status_code=201, dependencies=[PlatformScope])
-async def create_tenant(body: TenantIn, db: Db) -> TenantOut:
-    return await tenants.create(db, body)
+@router.post("", status_code=201, dependencies=[PlatformScope], responses=REPEATED_CREATE)
+async def create_tenant(body: TenantIn, db: Db, response: Response) -> TenantOut:
+    tenant, created = await tenants.create(db, body)
+    return answered(response, tenant, created)
 
 
 @router.get("")

@@ -6,7 +6,7 @@ from typing import Any
 
 import asyncpg
 
-from stoa_cp.problems import Taken, not_found
+from stoa_cp.problems import Problem, Taken, not_found
 from stoa_cp.schemas import ApiAuth, ApiFields, ApiIn, ApiOut
 from stoa_cp.store.database import Database
 from stoa_cp.store.publication import bump, bury, lock_tenant
@@ -22,6 +22,10 @@ COLUMNS = (
     "forward_credential",
     "envelope",
 )
+_PLACES = ", ".join(f"${i}" for i in range(3, len(COLUMNS) + 3))
+INSERT = f"INSERT INTO apis (api_id, tenant_id, {', '.join(COLUMNS)}) VALUES ($1, $2, {_PLACES})"  # noqa: S608
+_SETS = ", ".join(f"{c} = ${i}" for i, c in enumerate(COLUMNS, start=2))
+UPDATE = f"UPDATE apis SET {_SETS}, updated_at = now() WHERE api_id = $1"  # noqa: S608 - constant text
 _SELECT = (
     "SELECT a.api_id, a.tenant_id, a.name, a.upstream_url, a.path_prefix, a.methods, a.timeout_ms,"
     " a.auth_mode, a.scopes, a.forward_credential, a.envelope,"
@@ -91,22 +95,36 @@ async def _read(conn: asyncpg.Connection, tenant_id: str, api_id: str, lock: boo
     return row
 
 
-async def create(db: Database, tenant_id: str, body: ApiIn) -> ApiOut:
+async def check_room(
+    conn: asyncpg.Connection, tenant_id: str, adding: int, max_routes: int, field: str = "api_id"
+) -> None:
+    """422 naming the limit when `adding` more APIs would take the tenant past `max_routes`.
+    The caller holds the tenant row FOR UPDATE, so two creations cannot both take the last place."""
+    count = int(await conn.fetchval("SELECT count(*) FROM apis WHERE tenant_id = $1", tenant_id))
+    if count + adding > max_routes:
+        raise Problem(
+            422,
+            "Limit exceeded",
+            [(field, f"the tenant has {count} APIs; the limit is {max_routes} (max_routes_per_tenant)")],
+        )
+
+
+async def create(db: Database, tenant_id: str, body: ApiIn, max_routes: int) -> tuple[ApiOut, bool]:
+    """The API, and whether this call created it (an identical API of the tenant is answered as it is)."""
     values = columns(body.api_id, body)
     async with db.transaction() as conn:
-        await lock_tenant(conn, tenant_id, "share")
+        await lock_tenant(conn, tenant_id, "update")
+        existing = await conn.fetchrow(f"{_SELECT} WHERE a.api_id = $1", body.api_id)
+        if existing is not None:
+            if existing["tenant_id"] == tenant_id and all(same(existing[c], values[c]) for c in COLUMNS):
+                return _out(existing), False
+            raise Taken("api_id", body.api_id, existing["tenant_id"])
+        await check_room(conn, tenant_id, 1, max_routes)
         try:
-            await conn.execute(
-                "INSERT INTO apis (api_id, tenant_id, name, upstream_url, path_prefix, methods, timeout_ms,"
-                " auth_mode, scopes, forward_credential, envelope)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                body.api_id,
-                tenant_id,
-                *(values[c] for c in COLUMNS),
-            )
+            await conn.execute(INSERT, body.api_id, tenant_id, *(values[c] for c in COLUMNS))
         except asyncpg.UniqueViolationError as exc:
             raise await _taken(db, exc, body.api_id, values["path_prefix"]) from None
-        return _out(await _read(conn, tenant_id, body.api_id))
+        return _out(await _read(conn, tenant_id, body.api_id)), True
 
 
 async def list_for(db: Database, tenant_id: str) -> list[ApiOut]:
@@ -129,13 +147,7 @@ async def update(db: Database, tenant_id: str, api_id: str, body: ApiFields) -> 
         if all(same(current[c], values[c]) for c in COLUMNS):
             return _out(current)
         try:
-            await conn.execute(
-                "UPDATE apis SET name = $2, upstream_url = $3, path_prefix = $4, methods = $5,"
-                " timeout_ms = $6, auth_mode = $7, scopes = $8, forward_credential = $9, envelope = $10,"
-                " updated_at = now() WHERE api_id = $1",
-                api_id,
-                *(values[c] for c in COLUMNS),
-            )
+            await conn.execute(UPDATE, api_id, *(values[c] for c in COLUMNS))
         except asyncpg.UniqueViolationError as exc:
             raise await _taken(db, exc, api_id, values["path_prefix"]) from None
         await bump(conn, current["deployed_on"])
@@ -147,7 +159,7 @@ async def delete(db: Database, tenant_id: str, api_id: str) -> None:
     async with db.transaction() as conn:
         await lock_tenant(conn, tenant_id, "share")
         current = await _read(conn, tenant_id, api_id, lock=True)
-        await bury(conn, api_id, await bump(conn, current["deployed_on"]))
+        await bury(conn, [api_id], await bump(conn, current["deployed_on"]))
         await conn.execute("DELETE FROM apis WHERE api_id = $1", api_id)
 
 

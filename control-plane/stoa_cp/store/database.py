@@ -1,16 +1,23 @@
 """The database: connection pool, versioned migrations applied at start, and the two ways the stores
-use a connection (a read, a transaction)."""
+use a connection (a read, a transaction), each bounded in time."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from importlib import resources
 from typing import Literal
 
 import asyncpg
+
+from stoa_cp import request_body
+from stoa_cp.problems import Problem
 
 log = logging.getLogger("stoa_cp")
 
@@ -57,37 +64,187 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 
 Isolation = Literal["read_committed", "repeatable_read", "serializable"]
 
+# Every way the database can fail to answer in time or at all: the caller gets 503, never a hang or a 500.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,  # refused or reset (a stopped server); TimeoutError too: a bound passed on this side
+    asyncpg.InterfaceError,  # the connection is closed or unusable
+    asyncpg.PostgresConnectionError,  # class 08
+    asyncpg.InsufficientResourcesError,  # class 53: too many connections
+    asyncpg.exceptions.OperatorInterventionError,  # class 57: shutdown, starting up, statement_timeout
+    asyncpg.LockNotAvailableError,  # lock_timeout
+    asyncpg.IdleInTransactionSessionTimeoutError,
+    asyncpg.exceptions.TransactionTimeoutError,  # transaction_timeout
+)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How long each database wait may take (seconds), and the Retry-After of a 503."""
+
+    connect_s: float = 5.0
+    acquire_s: float = 5.0
+    statement_s: float = 10.0
+    transaction_s: float = 30.0
+    retry_after_s: int = 5
+
+
+class DatabaseUnavailable(Problem):
+    """503 raised before any COMMIT was sent: nothing the request asked for was stored."""
+
+    def __init__(self, bounds: Bounds, what: str) -> None:
+        super().__init__(
+            503,
+            "Database unavailable",
+            [("database", f"{what}; nothing was stored, retry later")],
+            headers={"Retry-After": str(bounds.retry_after_s)},
+        )
+
+
+class ClientGone(Problem):
+    """The client closed its connection before the COMMIT: rolled back, and nobody reads this answer."""
+
+    def __init__(self) -> None:
+        super().__init__(503, "Client gone", [("client", "closed the connection; nothing was stored")])
+
+
+class CommitOutcomeUnknown(Problem):
+    """503 after the COMMIT was sent and not confirmed within the statement bound."""
+
+    def __init__(self, bounds: Bounds) -> None:
+        super().__init__(
+            503,
+            "Commit outcome unknown",
+            [
+                (
+                    "database",
+                    "the commit was sent but not confirmed in time: the change may be stored; repeat the "
+                    "same request once the database answers (a create with the same body answers with "
+                    "the stored resource)",
+                )
+            ],
+            headers={"Retry-After": str(bounds.retry_after_s)},
+        )
+
+
+def _describe(exc: BaseException, waiting_for: str) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"no answer to {waiting_for} within its bound"
+    return f"{waiting_for} failed ({type(exc).__name__})"
+
 
 class Database:
-    """The pool, and the only ways the stores take a connection from it."""
+    """The pool, and the only ways the stores take a connection from it. Every wait is bounded: a
+    connection within `acquire_s` (a new one within `connect_s`), each statement within `statement_s`
+    (on this side, and by the server's `statement_timeout` and `lock_timeout`), each transaction
+    within `transaction_s` (the server's `transaction_timeout`). Past a bound the connection is closed
+    (so a frozen server can never commit what it was sent) and the request gets a 503."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, bounds: Bounds) -> None:
         self.pool = pool
+        self.bounds = bounds
 
     @classmethod
-    async def open(cls, dsn: str, min_size: int, max_size: int) -> Database:
-        pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=_init_connection)
+    async def open(cls, dsn: str, min_size: int, max_size: int, bounds: Bounds) -> Database:
+        statement_ms = str(int(bounds.statement_s * 1000))
+        transaction_ms = str(int(bounds.transaction_s * 1000))
+        pool = await asyncpg.create_pool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            init=_init_connection,
+            timeout=bounds.connect_s,
+            command_timeout=bounds.statement_s,
+            server_settings={
+                "statement_timeout": statement_ms,
+                "lock_timeout": statement_ms,
+                "transaction_timeout": transaction_ms,
+                "idle_in_transaction_session_timeout": transaction_ms,
+            },
+        )
         async with pool.acquire() as conn:
             await migrate(conn)
-        return cls(pool)
+        return cls(pool, bounds)
 
     async def close(self) -> None:
         await self.pool.close()
 
-    async def ping(self) -> None:
-        async with self.connection() as conn:
-            await conn.fetchval("SELECT 1")
+    async def ping(self, timeout_s: float) -> None:
+        """One round trip within `timeout_s`, taking a connection included."""
+        deadline = time.monotonic() + timeout_s
+        conn = await self._acquire(timeout_s)
+        try:
+            await conn.fetchval("SELECT 1", timeout=max(deadline - time.monotonic(), 0.001))
+        except BaseException as exc:
+            self._discard_if_broken(conn, exc)
+            raise
+        finally:
+            await self._release(conn)
+
+    async def _acquire(self, timeout_s: float | None = None) -> asyncpg.Connection:
+        try:
+            return await self.pool.acquire(timeout=timeout_s or self.bounds.acquire_s)
+        except UNAVAILABLE as exc:
+            raise DatabaseUnavailable(self.bounds, _describe(exc, "a connection")) from exc
+
+    async def _release(self, conn: asyncpg.Connection) -> None:
+        # The pool closes a connection it cannot reset in time; that is all that is wanted here.
+        with contextlib.suppress(*UNAVAILABLE):
+            await self.pool.release(conn, timeout=self.bounds.statement_s)
+
+    @staticmethod
+    def _discard_if_broken(conn: asyncpg.Connection, exc: BaseException) -> bool:
+        """Close the connection when `exc` leaves it in an unknown state (a bound passed mid-statement,
+        the task cancelled): closing is the one thing that cannot wait on the server."""
+        if isinstance(exc, (*UNAVAILABLE, asyncio.CancelledError)):
+            conn.terminate()
+            return True
+        return False
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[asyncpg.Connection]:
         """A connection for reads outside a transaction."""
-        async with self.pool.acquire() as conn:
+        conn = await self._acquire()
+        try:
             yield conn
+        except UNAVAILABLE as exc:
+            self._discard_if_broken(conn, exc)
+            raise DatabaseUnavailable(self.bounds, _describe(exc, "a read")) from exc
+        except asyncio.CancelledError as exc:
+            self._discard_if_broken(conn, exc)
+            raise
+        finally:
+            await self._release(conn)
 
     @asynccontextmanager
     async def transaction(
         self, isolation: Isolation = "read_committed", readonly: bool = False
     ) -> AsyncIterator[asyncpg.Connection]:
-        """A connection inside a transaction, committed when the block ends without an exception."""
-        async with self.pool.acquire() as conn, conn.transaction(isolation=isolation, readonly=readonly):
-            yield conn
+        """A connection inside a transaction, committed when the block ends without an exception and
+        the request's client still waits for the answer. Every error answered from here on was raised
+        before the COMMIT was sent, except CommitOutcomeUnknown."""
+        conn = await self._acquire()
+        try:
+            tx = conn.transaction(isolation=isolation, readonly=readonly)
+            try:
+                await tx.start()
+                try:
+                    yield conn
+                except BaseException as exc:
+                    if not self._discard_if_broken(conn, exc):
+                        await tx.rollback()
+                    raise
+                if not readonly and await request_body.client_gone():
+                    await tx.rollback()
+                    log.info("client gone before the commit: rolled back")
+                    raise ClientGone()
+            except UNAVAILABLE as exc:
+                self._discard_if_broken(conn, exc)
+                raise DatabaseUnavailable(self.bounds, _describe(exc, "a statement")) from exc
+            try:
+                await tx.commit()
+            except UNAVAILABLE as exc:
+                self._discard_if_broken(conn, exc)
+                log.error("commit outcome unknown: %s", exc)
+                raise CommitOutcomeUnknown(self.bounds) from exc
+        finally:
+            await self._release(conn)

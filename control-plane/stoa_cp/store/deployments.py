@@ -61,5 +61,5 @@ async def undeploy(db: Database, gateway_id: str, api_id: str) -> DeploymentOut:
         if deleted is None:
             raise not_found("api_id", f"{api_id} (not deployed on {gateway_id})")
         bumped = await bump(conn, [gateway_id])
-        await bury(conn, api_id, bumped)
+        await bury(conn, [api_id], bumped)
     return DeploymentOut(gateway_id=gateway_id, api_id=api_id, generation=bumped[gateway_id], changed=True)

@@ -2,29 +2,44 @@
 
 from __future__ import annotations
 
-import asyncpg
+import logging
 
 from stoa_cp.problems import conflict, not_found
 from stoa_cp.schemas import GatewayCreated, GatewayIn, GatewayOut, GatewayStatus, InvalidPolicy, LastReport
 from stoa_cp.store.database import Database
 from stoa_cp.store.policies import invalid_reaching
-from stoa_cp.store.publication import notify
+from stoa_cp.store.publication import lock_gateway, notify
+
+log = logging.getLogger("stoa_cp")
 
 
-async def create(db: Database, body: GatewayIn, credential: str, credential_digest: bytes) -> GatewayCreated:
-    """Register a gateway at generation 1."""
+async def create(
+    db: Database, body: GatewayIn, credential: str, credential_digest: bytes
+) -> tuple[GatewayCreated, bool]:
+    """Register a gateway at generation 1; an identical registration is answered as it stands, without
+    a credential (only the answer that registered it shows one)."""
     async with db.transaction() as conn:
-        try:
-            await conn.execute(
-                "INSERT INTO gateways (gateway_id, name, credential_sha256) VALUES ($1, $2, $3)",
-                body.gateway_id,
-                body.name,
-                credential_digest,
+        created = await conn.fetchval(
+            "INSERT INTO gateways (gateway_id, name, credential_sha256) VALUES ($1, $2, $3)"
+            " ON CONFLICT (gateway_id) DO NOTHING RETURNING 1",
+            body.gateway_id,
+            body.name,
+            credential_digest,
+        )
+        if created is None:
+            row = await conn.fetchrow(
+                "SELECT name, generation FROM gateways WHERE gateway_id = $1", body.gateway_id
             )
-        except asyncpg.UniqueViolationError:
-            raise conflict("gateway_id", body.gateway_id) from None
+            if row is None or row["name"] != body.name:
+                raise conflict("gateway_id", body.gateway_id)
+            out = GatewayCreated(
+                gateway_id=body.gateway_id, name=body.name, generation=row["generation"], credential=None
+            )
+            return out, False
         await notify(conn, {body.gateway_id: 1})
-    return GatewayCreated(gateway_id=body.gateway_id, name=body.name, generation=1, credential=credential)
+    return GatewayCreated(
+        gateway_id=body.gateway_id, name=body.name, generation=1, credential=credential
+    ), True
 
 
 async def list_all(db: Database) -> list[GatewayOut]:
@@ -64,6 +79,29 @@ async def holder_of(db: Database, presented_digest: bytes) -> str | None:
             "SELECT gateway_id FROM gateways WHERE credential_sha256 = $1", presented_digest
         )
     return None if found is None else str(found)
+
+
+async def move_above(db: Database, gateway_id: str, seen: int, source: str) -> int | None:
+    """When the gateway's Link has seen a generation `seen` above the CP's own (the database
+    was restored from a backup older than what the Link applied), move the gateway's generation to
+    `seen + 1` in one transaction, so the next inventory is newer than the Link's and accepted. The
+    new generation, or None when the CP's was already above."""
+    async with db.transaction() as conn:
+        generation = await lock_gateway(conn, gateway_id)
+        if seen <= generation:
+            return None
+        moved = seen + 1
+        await conn.execute("UPDATE gateways SET generation = $2 WHERE gateway_id = $1", gateway_id, moved)
+        await notify(conn, {gateway_id: moved})
+    log.warning(
+        "generation_moved gateway=%s from=%d to=%d reason=%s",
+        gateway_id,
+        generation,
+        moved,
+        f"the Link's {source} names generation {seen}, above the CP's {generation}: the database "
+        "is older than what the Link applied (restored from a backup?)",
+    )
+    return moved
 
 
 async def status(db: Database, gateway_id: str) -> GatewayStatus:

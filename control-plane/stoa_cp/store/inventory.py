@@ -97,26 +97,26 @@ class Document:
 
 
 async def build(conn: asyncpg.Connection, gateway_id: str) -> Document | None:
-    """The gateway's inventory, or None when the gateway does not exist."""
-    async with conn.transaction(isolation="repeatable_read", readonly=True):
-        generation = await conn.fetchval("SELECT generation FROM gateways WHERE gateway_id = $1", gateway_id)
-        if generation is None:
-            return None
-        routes = await conn.fetchrow(_ROUTES, gateway_id)
-        tenants = sorted(set(routes["tenant_ids"]))
-        tombstones = await conn.fetchval(_TOMBSTONES, gateway_id)
-        policies = await conn.fetch(
-            "SELECT policy_id, type, config, scope, targets, tenant_id FROM policies"
-            " WHERE invalid_reason IS NULL AND (gateway_id = $1 OR tenant_id = ANY($2::text[]))"
-            " ORDER BY policy_id",
-            gateway_id,
-            tenants,
-        )
-        issuers = await conn.fetch(
-            "SELECT tenant_id, issuer, jwks, jwks_uri FROM issuers"
-            " WHERE tenant_id = ANY($1::text[]) ORDER BY tenant_id, issuer",
-            tenants,
-        )
+    """The gateway's inventory, or None when the gateway does not exist. Runs inside the caller's
+    repeatable-read transaction: every query below sees one snapshot."""
+    generation = await conn.fetchval("SELECT generation FROM gateways WHERE gateway_id = $1", gateway_id)
+    if generation is None:
+        return None
+    routes = await conn.fetchrow(_ROUTES, gateway_id)
+    tenants = sorted(set(routes["tenant_ids"]))
+    tombstones = await conn.fetchval(_TOMBSTONES, gateway_id)
+    policies = await conn.fetch(
+        "SELECT policy_id, type, config, scope, targets, tenant_id FROM policies"
+        " WHERE invalid_reason IS NULL AND (gateway_id = $1 OR tenant_id = ANY($2::text[]))"
+        " ORDER BY policy_id",
+        gateway_id,
+        tenants,
+    )
+    issuers = await conn.fetch(
+        "SELECT tenant_id, issuer, jwks, jwks_uri FROM issuers"
+        " WHERE tenant_id = ANY($1::text[]) AND NOT stale ORDER BY tenant_id, issuer",
+        tenants,
+    )
 
     inv = inventory_pb2.Inventory(
         schema_version=INVENTORY_SCHEMA_VERSION, gateway_id=gateway_id, generation=int(generation)
@@ -198,7 +198,7 @@ class InventoryCache:
     async def current(self, db: Database, gateway_id: str) -> tuple[int, str] | None:
         """(generation, inventory JSON) of the gateway now, or None when it does not exist."""
         lock = self._locks.setdefault(gateway_id, asyncio.Lock())
-        async with lock, db.connection() as conn:
+        async with lock, db.transaction(isolation="repeatable_read", readonly=True) as conn:
             generation = await conn.fetchval(
                 "SELECT generation FROM gateways WHERE gateway_id = $1", gateway_id
             )

@@ -78,10 +78,33 @@ async def _taken(db: Database, policy_id: str) -> Taken:
     return Taken("policy_id", policy_id, holder)
 
 
-async def create_for_tenant(db: Database, tenant_id: str, body: TenantPolicyIn) -> PolicyOut:
+async def _replayed(conn: asyncpg.Connection, policy_id: str, wanted: dict[str, object]) -> PolicyOut | None:
+    """The stored policy when it is exactly the one asked for; 409 (Taken) when another holds the id."""
+    row = await conn.fetchrow(f"{_SELECT} WHERE policy_id = $1", policy_id)
+    if row is None:
+        return None
+    stored = _out(row)
+    if any(getattr(stored, field) != value for field, value in wanted.items()):
+        raise Taken("policy_id", policy_id, row["tenant_id"])
+    return stored
+
+
+async def create_for_tenant(db: Database, tenant_id: str, body: TenantPolicyIn) -> tuple[PolicyOut, bool]:
+    """The policy, and whether this call created it (an identical policy is answered as it is)."""
     async with db.transaction() as conn:
         await lock_tenant(conn, tenant_id, "update")
         await _check_targets(conn, tenant_id, body)
+        wanted = {
+            "type": body.type,
+            "config": body.config,
+            "scope": body.scope,
+            "targets": _targets(body),
+            "tenant_id": tenant_id,
+            "gateway_id": None,
+        }
+        replayed = await _replayed(conn, body.policy_id, wanted)
+        if replayed is not None:
+            return replayed, False
         try:
             row = await conn.fetchrow(
                 "INSERT INTO policies (policy_id, type, config, scope, targets, tenant_id)"  # noqa: S608
@@ -99,7 +122,7 @@ async def create_for_tenant(db: Database, tenant_id: str, body: TenantPolicyIn) 
         await refuse_overlaps(conn, gateways, policy_id=body.policy_id)
         await bump(conn, gateways)
     assert row is not None
-    return _out(row)
+    return _out(row), True
 
 
 async def list_for_tenant(db: Database, tenant_id: str) -> list[PolicyOut]:
@@ -152,9 +175,20 @@ async def _gateway_policy(conn: asyncpg.Connection, gateway_id: str, policy_id: 
     return row
 
 
-async def create_for_gateway(db: Database, gateway_id: str, body: GatewayPolicyIn) -> PolicyOut:
+async def create_for_gateway(db: Database, gateway_id: str, body: GatewayPolicyIn) -> tuple[PolicyOut, bool]:
+    """The policy, and whether this call created it (an identical policy is answered as it is)."""
     async with db.transaction() as conn:
         await lock_gateway(conn, gateway_id)
+        wanted = {
+            "type": body.type,
+            "config": body.config,
+            "scope": "gateway",
+            "tenant_id": None,
+            "gateway_id": gateway_id,
+        }
+        replayed = await _replayed(conn, body.policy_id, wanted)
+        if replayed is not None:
+            return replayed, False
         try:
             await conn.execute(
                 "INSERT INTO policies (policy_id, type, config, scope, gateway_id)"
@@ -168,7 +202,7 @@ async def create_for_gateway(db: Database, gateway_id: str, body: GatewayPolicyI
             raise await _taken(db, body.policy_id) from None
         await refuse_overlaps(conn, [gateway_id], policy_id=body.policy_id)
         await bump(conn, [gateway_id])
-        return _out(await _gateway_policy(conn, gateway_id, body.policy_id))
+        return _out(await _gateway_policy(conn, gateway_id, body.policy_id)), True
 
 
 async def list_for_gateway(db: Database, gateway_id: str) -> list[PolicyOut]:

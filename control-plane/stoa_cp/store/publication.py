@@ -4,7 +4,8 @@ transaction as the change, and notifies every CP process (LISTEN/NOTIFY) when it
 Lock order, shared by every writer so that concurrent changes serialise without deadlock:
 tenant row → API row → gateway rows (sorted by id). Tenant-wide changes (policies, issuers) take the
 tenant row FOR UPDATE; deployments and API edits take it FOR SHARE. That way the set of gateways a
-tenant-wide change reaches cannot move under it.
+tenant-wide change reaches cannot move under it. API creation and bulk publication take it FOR UPDATE
+too: the number of APIs of a tenant is bounded, and two creations must not both take the last place.
 """
 
 from __future__ import annotations
@@ -83,13 +84,13 @@ async def notify(conn: asyncpg.Connection, generations: dict[str, int]) -> None:
         )
 
 
-async def bury(conn: asyncpg.Connection, route_id: str, generations: dict[str, int]) -> None:
-    """Tombstone a route on each gateway at that gateway's new generation: the Link removes it."""
+async def bury(conn: asyncpg.Connection, route_ids: list[str], generations: dict[str, int]) -> None:
+    """Tombstone the routes on each gateway at that gateway's new generation: the Link removes them."""
     await conn.execute(
         "INSERT INTO tombstones (gateway_id, route_id, generation)"
-        " SELECT g, $1, gen FROM unnest($2::text[], $3::bigint[]) AS t(g, gen)"
+        " SELECT g, r, gen FROM unnest($2::text[], $3::bigint[]) AS t(g, gen), unnest($1::text[]) AS r"
         " ON CONFLICT (gateway_id, route_id) DO UPDATE SET generation = EXCLUDED.generation",
-        route_id,
+        route_ids,
         list(generations),
         list(generations.values()),
     )

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-import asyncpg
-
 from stoa_cp.problems import conflict
 from stoa_cp.schemas import TenantIn, TenantOut
 from stoa_cp.store.database import Database
 
 
-async def create(db: Database, body: TenantIn) -> TenantOut:
+async def create(db: Database, body: TenantIn) -> tuple[TenantOut, bool]:
+    """The tenant, and whether this call created it (an identical tenant is answered as it is)."""
     async with db.transaction() as conn:
-        try:
-            await conn.execute(
-                "INSERT INTO tenants (tenant_id, name) VALUES ($1, $2)", body.tenant_id, body.name
-            )
-        except asyncpg.UniqueViolationError:
-            raise conflict("tenant_id", body.tenant_id) from None
-    return TenantOut(tenant_id=body.tenant_id, name=body.name)
+        created = await conn.fetchval(
+            "INSERT INTO tenants (tenant_id, name) VALUES ($1, $2) ON CONFLICT (tenant_id) DO NOTHING"
+            " RETURNING 1",
+            body.tenant_id,
+            body.name,
+        )
+        if created is None:
+            name = await conn.fetchval("SELECT name FROM tenants WHERE tenant_id = $1", body.tenant_id)
+            if name != body.name:
+                raise conflict("tenant_id", body.tenant_id)
+    return TenantOut(tenant_id=body.tenant_id, name=body.name), created is not None
 
 
 async def list_all(db: Database, only: str | None = None) -> list[TenantOut]:

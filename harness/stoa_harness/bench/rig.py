@@ -7,11 +7,10 @@
   `--config-yaml` (a static listener without ext_authz routing to backend A). Same Envoy process,
   same worker threads, same upstream: the only difference from a Link route is the ext_authz filter.
 - The dev identity provider, registered as the trusted issuer of tenant `demo`.
-- Bulk seeding and bulk undeployment: the CP API serialises deployments on the gateway row (≈100
-  routes/s here), so thousands of routes go in through SQL in ONE transaction that does what the CP's
-  handlers do (tenant row FOR SHARE, gateway row FOR UPDATE, rows validated by the CP's own `ApiIn`,
-  tombstones kept or cleared, one generation bump + NOTIFY through `stoa_cp.store.publication`). The measured
-  publications themselves always go through the CP API.
+- Bulk seeding and bulk undeployment through the CP's public bulk endpoint
+  (`POST /v1/tenants/{tenant_id}/bulk`): thousands of routes in one generation, where one call per
+  deployment would be serialised on the gateway row (≈100 routes/s here). The measured single
+  publications go through the single calls.
 - Process CPU time and RSS read from /proc.
 """
 
@@ -27,10 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
-from stoa_cp.schemas import ApiIn
-from stoa_cp.store.publication import bump, lock_gateway, lock_tenant
 
 from stoa_harness.cp_client import AsyncCPClient
 from stoa_harness.envoy import EnvoyProcess
@@ -282,68 +278,16 @@ class Rig:
         }
 
     def bulk_deploy(self, api_ids: Sequence[str], backend: str = "a", *, create: bool = True) -> int:
-        """Create (optionally) and deploy many APIs in one CP-style transaction; the new generation."""
-        return asyncio.run(self._bulk(api_ids, backend, create=create, deploy=True))
+        """Create (optionally) and deploy many APIs in one bulk publication; the new generation."""
+        gateway = self.estate.gateway_id
+        bodies = [self.api_body(a, backend) for a in api_ids] if create else []
+        answer = self.estate.admin.bulk(TENANT, apis=bodies, deploy={gateway: api_ids})
+        return int(answer["generations"][gateway])
 
     def bulk_undeploy(self, api_ids: Sequence[str]) -> int:
-        """Undeploy many APIs in one CP-style transaction (one tombstone each); the new generation."""
-        return asyncio.run(self._bulk(api_ids, "a", create=False, deploy=False))
-
-    async def _bulk(self, api_ids: Sequence[str], backend: str, *, create: bool, deploy: bool) -> int:
+        """Undeploy many APIs in one bulk publication (one tombstone each); the new generation."""
         gateway = self.estate.gateway_id
-        conn = await asyncpg.connect(self.estate.database_url)
-        try:
-            async with conn.transaction():
-                await lock_tenant(conn, TENANT, "share")
-                await lock_gateway(conn, gateway)
-                if create:
-                    rows = [ApiIn.model_validate(self.api_body(a, backend)) for a in api_ids]
-                    await conn.executemany(
-                        "INSERT INTO apis (api_id, tenant_id, name, upstream_url, path_prefix, methods,"
-                        " timeout_ms, auth_mode, scopes) VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $8)",
-                        [
-                            (
-                                r.api_id,
-                                TENANT,
-                                r.name,
-                                r.upstream_url,
-                                f"/apis/{r.api_id}",
-                                r.methods,
-                                r.auth.mode,
-                                r.auth.scopes,
-                            )
-                            for r in rows
-                        ],
-                    )
-                ids = list(api_ids)
-                if deploy:
-                    await conn.execute(
-                        "INSERT INTO deployments (gateway_id, api_id) SELECT $1, unnest($2::text[])"
-                        " ON CONFLICT DO NOTHING",
-                        gateway,
-                        ids,
-                    )
-                    await conn.execute(
-                        "DELETE FROM tombstones WHERE gateway_id = $1 AND route_id = ANY($2::text[])",
-                        gateway,
-                        ids,
-                    )
-                    return (await bump(conn, [gateway]))[gateway]
-                await conn.execute(
-                    "DELETE FROM deployments WHERE gateway_id = $1 AND api_id = ANY($2::text[])", gateway, ids
-                )
-                generation = (await bump(conn, [gateway]))[gateway]
-                await conn.execute(
-                    "INSERT INTO tombstones (gateway_id, route_id, generation)"
-                    " SELECT $1, unnest($2::text[]), $3"
-                    " ON CONFLICT (gateway_id, route_id) DO UPDATE SET generation = EXCLUDED.generation",
-                    gateway,
-                    ids,
-                    generation,
-                )
-                return generation
-        finally:
-            await conn.close()
+        return int(self.estate.admin.bulk(TENANT, undeploy={gateway: api_ids})["generations"][gateway])
 
     def seed(self, api_ids: Sequence[str], backend: str = "a") -> None:
         """Create and deploy APIs through the CP API, SEED_CONCURRENCY calls in flight."""

@@ -1,0 +1,34 @@
+"""`/metrics`: the CP's metrics in Prometheus text format (prometheus-client, one registry per app)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+
+from stoa_cp.dependencies import Db
+from stoa_cp.problems import Problem
+from stoa_cp.store import issuers
+
+router = APIRouter(tags=["health"])
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.stale_issuers = Gauge(
+            "stoa_cp_stale_issuers",
+            "Issuers whose keys left the inventories: no fetch of their jwks_uri adopted within the "
+            "stale bound",
+            registry=self.registry,
+        )
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+async def metrics(request: Request, db: Db) -> Response:
+    """Prometheus text format. Counts read from the database keep their last value while it is away."""
+    current: Metrics = request.app.state.metrics
+    with contextlib.suppress(Problem):
+        current.stale_issuers.set(await issuers.count_stale(db))
+    return Response(generate_latest(current.registry), media_type=CONTENT_TYPE_LATEST)
