@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
+from stoa_translate.policies import ListLimits
 
 from stoa_cp.problems import not_found
 from stoa_cp.store import gateways, tenants
@@ -33,5 +34,16 @@ async def existing_gateway(gateway_id: Annotated[str, Path()], db: Db) -> str:
     return gateway_id
 
 
+def policy_limits(request: Request) -> ListLimits:
+    """How many entries a policy's lists may hold, from the settings."""
+    settings = request.app.state.settings
+    return ListLimits(
+        origins=settings.policy_max_origins,
+        headers=settings.policy_max_headers,
+        addresses=settings.policy_max_addresses,
+    )
+
+
 ExistingTenant = Annotated[str, Depends(existing_tenant)]
 ExistingGateway = Annotated[str, Depends(existing_gateway)]
+PolicyLimits = Annotated[ListLimits, Depends(policy_limits)]

@@ -13,23 +13,39 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stoa_cp.problems import Problem
 
-# The server's receive channel of the request being handled, once its body has been read whole.
-_after_body: ContextVar[Receive | None] = ContextVar("stoa_cp_after_body", default=None)
+
+class _AfterBody:
+    """The server's receive channel once the body was read whole: the only message left to come is
+    the disconnect. A poll that sees it keeps it, so the application still receives it."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self.gone = False
+
+    async def poll(self) -> bool:
+        if not self.gone:
+            try:
+                message = await asyncio.wait_for(self._receive(), timeout=0.001)
+            except TimeoutError:
+                return False
+            self.gone = message["type"] == "http.disconnect"
+        return self.gone
+
+    async def receive(self) -> Message:
+        if self.gone:
+            return {"type": "http.disconnect"}
+        message = await self._receive()
+        self.gone = message["type"] == "http.disconnect"
+        return message
+
+
+_after_body: ContextVar[_AfterBody | None] = ContextVar("stoa_cp_after_body", default=None)
 
 
 async def client_gone() -> bool:
-    """Whether the client of the current request closed its connection (False outside a request).
-
-    After the body, the only message the server can deliver is the disconnect: a short poll for it
-    consumes nothing the application needs."""
-    receive = _after_body.get()
-    if receive is None:
-        return False
-    try:
-        message = await asyncio.wait_for(receive(), timeout=0.001)
-    except TimeoutError:
-        return False
-    return bool(message["type"] == "http.disconnect")
+    """Whether the client of the current request closed its connection (False outside a request)."""
+    channel = _after_body.get()
+    return channel is not None and await channel.poll()
 
 
 def too_large(limit: int, setting: str) -> Problem:
@@ -78,10 +94,11 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         buffered = iter(messages)
+        after = _AfterBody(receive)
         if messages[-1]["type"] == "http.request":
-            _after_body.set(receive)
+            _after_body.set(after)
 
         async def replay() -> Message:
-            return next(buffered, None) or await receive()
+            return next(buffered, None) or await after.receive()
 
         await self.app(scope, replay, send)

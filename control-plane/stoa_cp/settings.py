@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     bulk_max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     bulk_max_items: int = Field(default=50_000, ge=1)
     max_routes_per_tenant: int = Field(default=20_000, ge=1)
+    policy_max_origins: int = Field(default=1_000, ge=1)
+    policy_max_headers: int = Field(default=1_000, ge=1)
+    policy_max_addresses: int = Field(default=10_000, ge=1)
 
     @field_validator("admin_tokens", "oidc_issuers", mode="before")
     @classmethod

@@ -156,3 +156,39 @@ async def test_bodies_and_counts_are_bounded_and_each_refusal_names_its_limit(cp
         assert fields(more) == ["apis"]
         assert "max_routes_per_tenant" in more.text
         assert len((await admin.get("/v1/tenants/t/apis")).json()) == 30
+
+
+async def test_policy_lists_are_bounded_and_the_refusal_names_the_list_and_its_limit(cp_factory) -> None:
+    limited = await cp_factory(policy_max_origins=2, policy_max_headers=2, policy_max_addresses=3)
+    async with limited.admin() as admin:
+        assert (await admin.post("/v1/tenants", json={"tenant_id": "t", "name": "T"})).status_code == 201
+        origins = [f"https://{n}.example.com" for n in "abc"]
+        cases = [
+            ("cors", {"allowedOrigins": origins}, "config.allowedOrigins", "policy_max_origins"),
+            (
+                "cors",
+                {"allowedOrigins": origins[:1], "allowedHeaders": ["a", "b", "c"]},
+                "config.allowedHeaders",
+                "policy_max_headers",
+            ),
+            (
+                "ip_filter",
+                {"mode": "deny", "ip_list": ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]},
+                "config.ip_list",
+                "policy_max_addresses",
+            ),
+        ]
+        for i, (kind, config, field, setting) in enumerate(cases):
+            body = {"policy_id": f"p{i}", "type": kind, "config": config, "scope": "tenant"}
+            response = await admin.post("/v1/tenants/t/policies", json=body)
+            assert response.status_code == 422, response.text
+            assert fields(response) == [field]
+            assert setting in response.json()["errors"][0]["message"]
+        at_limit = {
+            "policy_id": "ok",
+            "type": "cors",
+            "config": {"allowedOrigins": origins[:2]},
+            "scope": "tenant",
+        }
+        assert (await admin.post("/v1/tenants/t/policies", json=at_limit)).status_code == 201
+        assert [p["policy_id"] for p in (await admin.get("/v1/tenants/t/policies")).json()] == ["ok"]

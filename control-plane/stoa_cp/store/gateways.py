@@ -86,6 +86,10 @@ async def move_above(db: Database, gateway_id: str, seen: int, source: str) -> i
     was restored from a backup older than what the Link applied), move the gateway's generation to
     `seen + 1` in one transaction, so the next inventory is newer than the Link's and accepted. The
     new generation, or None when the CP's was already above."""
+    async with db.connection() as conn:
+        current = await conn.fetchval("SELECT generation FROM gateways WHERE gateway_id = $1", gateway_id)
+    if current is None or seen <= current:
+        return None  # the usual resume: nothing to write
     async with db.transaction() as conn:
         generation = await lock_gateway(conn, gateway_id)
         if seen <= generation:

@@ -14,6 +14,7 @@ from google.protobuf import message
 from stoa_translate.filters import EXT_PROC_FILTER
 from stoa_translate.policies import cors, guardrails, ip_filter, rate_limit, transform
 from stoa_translate.policies.kind import ConfigError, PolicyKind, config_json, read_config
+from stoa_translate.policies.limits import DEFAULT_LIMITS, ListLimits, check_counts
 
 KINDS: dict[str, PolicyKind] = {
     kind.name: kind for kind in (cors.KIND, rate_limit.KIND, ip_filter.KIND, guardrails.KIND, transform.KIND)
@@ -28,21 +29,28 @@ class UnsupportedKind(ValueError):
         super().__init__(f"{kind!r} is not a supported policy type (supported: {', '.join(SUPPORTED_KINDS)})")
 
 
-def accept(kind_name: str, policy_id: str, config: object) -> message.Message:
+def accept(
+    kind_name: str, policy_id: str, config: object, limits: ListLimits = DEFAULT_LIMITS
+) -> message.Message:
     """A policy config as written to the CP → its typed config in normal form (`get` → `GET`).
 
     The write-time face of the rules the translator applies at the site: raises UnsupportedKind or
-    ConfigError (naming the key), so what is accepted here is what the site accepts.
+    ConfigError (naming the key), so what is accepted here is what the site accepts. Lists longer than
+    `limits` are refused before any entry is checked.
     """
     kind = KINDS.get(kind_name)
     if kind is None:
         raise UnsupportedKind(kind_name)
-    return kind.normalised(kind.parse(policy_id, read_config(kind, config)))
+    typed = read_config(kind, config)
+    check_counts(kind_name, typed, limits)
+    return kind.normalised(kind.parse(policy_id, typed))
 
 
-def accept_json(kind_name: str, policy_id: str, config: object) -> dict[str, Any]:
+def accept_json(
+    kind_name: str, policy_id: str, config: object, limits: ListLimits = DEFAULT_LIMITS
+) -> dict[str, Any]:
     """`accept`, as the JSON object the API stores and shows."""
-    return config_json(accept(kind_name, policy_id, config))
+    return config_json(accept(kind_name, policy_id, config, limits))
 
 
 __all__ = [
@@ -50,6 +58,7 @@ __all__ = [
     "PROCESSING_KINDS",
     "SUPPORTED_KINDS",
     "ConfigError",
+    "ListLimits",
     "PolicyKind",
     "UnsupportedKind",
     "accept",
