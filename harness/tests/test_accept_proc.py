@@ -94,6 +94,7 @@ def test_a_clean_request_and_answer_pass_and_only_guarded_routes_open_a_stream(e
 
 
 def test_request_guardrails_and_bypasses(estate: Estate) -> None:
+    logged_before = len(estate.site.proc_events("ext_proc_decision"))
     full_width = "".join(chr(ord(c) + 0xFEE0) for c in "forbidden")
     cases = [
         (ask("tell me about the FORBIDDEN fruit"), 403, PROC_BODIES["guardrail_blocked"]),
@@ -119,12 +120,13 @@ def test_request_guardrails_and_bypasses(estate: Estate) -> None:
     }
     assert estate.llm.requests() == [], "a refused request reached the model"
     # Each refusal is one decision event with its closed reason, and no body content.
+    # The service writes its log a moment after it answers: wait for this test's seven events.
     events = wait_until(
-        lambda: (e := estate.site.proc_events("ext_proc_decision")) and len(e) >= 7 and e,
+        lambda: (e := estate.site.proc_events("ext_proc_decision")[logged_before:]) and len(e) >= 7 and e,
         10,
         "decision events",
     )
-    reasons = [e["reason"] for e in events[-7:]]
+    reasons = [e["reason"] for e in events]
     assert reasons.count("guardrail_blocked") == 3
     assert reasons.count("schema_invalid") == 1
     assert not any(SECRET in json.dumps(e) for e in events)
