@@ -24,7 +24,7 @@ lint: setup
 	$(UV) run --frozen ruff check .
 	$(UV) run --frozen ruff format --check .
 
-# Benchmarks (issue 5): not part of `make test`. Installs wrk (Debian) when missing; BENCH_QUICK=1
+# Benchmarks: not part of `make test`. Installs wrk (Debian) when missing; BENCH_QUICK=1
 # runs every scenario with fewer repetitions and shorter load phases (under 5 minutes).
 bench: setup
 ifeq ($(shell command -v wrk 2>/dev/null),)

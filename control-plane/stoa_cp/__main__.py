@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import uvicorn
 from pydantic import ValidationError
+from stoa_ops import logs
 
 from stoa_cp.app import create_app
 from stoa_cp.settings import Settings
@@ -17,15 +17,14 @@ def main() -> None:
         settings = Settings()  # type: ignore[call-arg]  # read from the environment
     except ValidationError as exc:
         sys.exit(f"stoa-cp: invalid settings:\n{exc}")
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    logs.configure(settings.log_level)
     # SSE streams never end by themselves: bound the graceful shutdown so a stop is prompt.
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,  # uvicorn's loggers go to the root logger: the same JSON lines as ours
         timeout_graceful_shutdown=5,
     )
 

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Iterator
 
 import asyncpg
+from stoa_ops.backoff import Backoff
 
 from stoa_cp.store.publication import CHANNEL, parse_payload
 
@@ -64,18 +65,18 @@ class InventoryEvents:
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         parsed = parse_payload(str(payload))
         if parsed is not None:
-            log.info("inventory_notified gateway=%s generation=%d", *parsed)
+            log.info("inventory_notified", extra={"fields": {"gateway": parsed[0], "generation": parsed[1]}})
             self._wake(parsed[0])
 
     async def _listen_forever(self) -> None:
-        backoff = 0.2
+        backoff = Backoff(base_s=0.2, cap_s=5.0)
         while True:
             conn: asyncpg.Connection | None = None
             try:
                 # Named, so an operator (or a test) can tell the listening connection in pg_stat_activity.
                 conn = await asyncpg.connect(self._dsn, server_settings={"application_name": LISTENER_NAME})
                 await conn.add_listener(CHANNEL, self._on_notify)
-                backoff = 0.2
+                backoff.reset()
                 self.listening.set()
                 # Changes committed while we were not listening: let every stream re-check.
                 self._wake_all()
@@ -86,9 +87,12 @@ class InventoryEvents:
                 raise
             except Exception as exc:
                 self.listening.clear()
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                delay = backoff.next_delay()
+                log.warning(
+                    "listen_connection_lost",
+                    extra={"fields": {"error": repr(exc), "retry_in_s": round(delay, 3)}},
+                )
+                await asyncio.sleep(delay)
             finally:
                 if conn is not None:
                     with contextlib.suppress(Exception):

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from pydantic import ValidationError
+from stoa_ops import logs
 
-from stoa_authz import log as jsonlog
 from stoa_authz.envelope import Envelope, SigningKeyError, load_signing_key, write_ephemeral_key
 from stoa_authz.serve import serve
 from stoa_authz.settings import ConfigError, Settings, check
@@ -30,7 +30,7 @@ def _refuse(message: str) -> int:
 
 
 def main() -> int:
-    jsonlog.configure()
+    logs.configure()
     try:
         settings = Settings()
         warnings = check(settings)
@@ -86,7 +86,7 @@ def _supervise(settings: Settings) -> int:
         exited = [c for c in children if c.poll() is not None]
         if exited:
             code = exited[0].returncode or 1
-            log.error("worker exited; stopping all workers", extra={"pid": exited[0].pid, "code": code})
+            log.error("worker_exited", extra={"pid": exited[0].pid, "code": code})
             break
         time.sleep(0.2)  # supervision poll, not a wait for a condition in a test
     for child in children:

@@ -99,7 +99,7 @@ class Decider:
             response = respond.deny(reason)
         except Exception:
             # Fail closed; the exception text may quote input, so only its class is logged.
-            log.exception("decision failed")
+            log.exception("decision_failed")
             reason = Reason.INTERNAL_ERROR
             response = respond.deny(reason)
         self._decision_log.emit(

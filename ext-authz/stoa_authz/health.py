@@ -1,23 +1,22 @@
-"""Readiness, in one place: the gRPC health service and the HTTP endpoints read the same state.
+"""Readiness, in one place: the gRPC health service and the operator endpoint (`stoa_ops.endpoint`:
+`/health/ready`, `/metrics`) read the same state.
 
-Ready = an audience is configured and at least one policy set is loaded. The HTTP side is three
-GET endpoints on a bare asyncio server (a web framework would be more code than the endpoints).
+Ready = an audience is configured and at least one policy set is loaded.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
+from collections.abc import Iterator
 
 from grpc_health.v1 import health, health_pb2
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from stoa_authz.policy import PolicyStore
 
 SERVICE_NAME = "envoy.service.auth.v3.Authorization"
-_MAX_REQUEST_HEAD = 8192
-
-log = logging.getLogger("stoa_authz.health")
 
 
 class Readiness:
@@ -31,12 +30,17 @@ class Readiness:
     def ready(self) -> bool:
         return self._audience_configured and bool(self._store)
 
-    def reason(self) -> str:
+    def reason(self) -> str | None:
+        """None when ready, else the decision reason every request gets meanwhile."""
         if not self._audience_configured:
             return "not_configured"
         if not self._store:
             return "policy_unavailable"
-        return "ready"
+        return None
+
+    def state(self) -> tuple[str | None, dict[str, object]]:
+        """What `/health/ready` answers: why not ready (or None), and the policy sets in force."""
+        return self.reason(), {"policy_set_versions": self._store.versions()}
 
     def publish(self) -> None:
         status = (
@@ -48,48 +52,25 @@ class Readiness:
             self.grpc.set(name, status)
 
 
-class HttpEndpoints:
-    def __init__(self, readiness: Readiness, jwks: bytes) -> None:
+class AuthzCollector(Collector):
+    """`/metrics`: readiness and the policy sets in force, read at scrape time (nothing on the Check path)."""
+
+    def __init__(self, readiness: Readiness, store: PolicyStore) -> None:
         self._readiness = readiness
-        self._jwks = jwks
+        self._store = store
 
-    def answer(self, method: str, path: str) -> tuple[int, bytes]:
-        if method not in ("GET", "HEAD"):
-            return 405, b'{"error":"method_not_allowed"}'
-        path = path.split("?", 1)[0]
-        if path == "/health/live":
-            return 200, b'{"status":"live"}'
-        if path == "/health/ready":
-            state = self._readiness.reason()
-            return (200 if state == "ready" else 503), json.dumps({"status": state}).encode()
-        if path == "/.well-known/jwks.json":
-            return 200, self._jwks
-        return 404, b'{"error":"not_found"}'
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "stoa_authz_ready",
+            "1 when requests can be decided (audience set, policy set loaded)",
+            value=1 if self._readiness.ready else 0,
+        )
+        yield GaugeMetricFamily(
+            "stoa_authz_policy_sets", "Policy-set versions kept decidable", value=len(self._store.versions())
+        )
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
-            if len(head) > _MAX_REQUEST_HEAD:
-                raise ValueError("request head too large")
-            method, path, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
-            status, body = self.answer(method, path)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
-            status, body = 400, b'{"error":"bad_request"}'
-            method = "GET"
-        phrase = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}.get(
-            status, "Service Unavailable"
-        )
-        writer.write(
-            f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
-            + (body if method != "HEAD" else b"")
-        )
-        try:
-            await writer.drain()
-        finally:
-            writer.close()
 
-    async def start(self, host: str, port: int, reuse_port: bool) -> asyncio.Server:
-        return await asyncio.start_server(
-            self.handle, host, port, reuse_port=reuse_port, limit=_MAX_REQUEST_HEAD
-        )
+def authz_registry(readiness: Readiness, store: PolicyStore) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AuthzCollector(readiness, store))
+    return registry

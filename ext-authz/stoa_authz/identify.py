@@ -217,7 +217,7 @@ class Identifier:
             fetched = parse_jwks(response.text, f"JWKS of {issuer.issuer}")
         except (httpx.HTTPError, PolicyError) as exc:
             # The issuer URL is a claim value: not logged.
-            log.warning("jwks refresh failed", extra={"error": type(exc).__name__})
+            log.warning("jwks_refresh_failed", extra={"error": type(exc).__name__})
             return None
         issuer.keys = {**issuer.keys, **fetched}
         return self._pick(issuer.keys, kid)

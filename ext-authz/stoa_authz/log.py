@@ -1,7 +1,8 @@
-"""JSON-lines logging: every log record is one JSON object on stderr.
+"""The decision log: one `ext_authz_decision` JSON line per decision, in the JSON log format every
+service writes (`stoa_ops.logs`).
 
-Decision events do not go through `logging`: `DecisionLog` writes them in the same JSON-lines shape
-(ts, level, logger, then the event's fields), buffered, because a LogRecord, a handler lock and a
+Decision events do not go through `logging`: `DecisionLog` writes them in the same shape (ts, level,
+logger, event, then the decision's fields), buffered, because a LogRecord, a handler lock and a
 write syscall per Check cost about as much as the decision itself. Nothing here ever receives a token
 or a claim value (the decision module passes only route data, reasons and timings).
 """
@@ -9,7 +10,6 @@ or a claim value (the decision module passes only route data, reasons and timing
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import sys
 import threading
@@ -17,36 +17,9 @@ import time
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import TextIO
 
+from stoa_ops import logs
+
 DECISION_LOGGER = "stoa_authz.decision"
-
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "fields"}
-
-
-class JsonLines(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        event: dict[str, object] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-        }
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):
-            event.update(fields)
-        else:
-            event["message"] = record.getMessage()
-        event.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
-        if record.exc_info and record.exc_info[0] is not None:
-            event["exception"] = record.exc_info[0].__name__
-        return json.dumps(event, default=str, separators=(",", ":"))
-
-
-def configure(level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLines())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    logging.Formatter.converter = time.gmtime
 
 
 class DecisionLog:
@@ -68,8 +41,6 @@ class DecisionLog:
         self._write = threading.Lock()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
-        # The fixed head of every line; the JsonLines formatter's keys, in its order.
-        self._level_logger = f',"level":"info","logger":"{DECISION_LOGGER}","event":"ext_authz_decision",'
 
     def emit(
         self,
@@ -84,7 +55,8 @@ class DecisionLog:
         policy_set_version: str,
     ) -> None:
         line = (
-            f'{{"ts":{time.time():.3f}{self._level_logger}"decision":"{decision}","reason":"{reason}",'
+            f"{logs.head(time.time(), 'info', DECISION_LOGGER, 'ext_authz_decision')}"
+            f'"decision":"{decision}","reason":"{reason}",'
             f'"tenant":{encode_basestring_ascii(tenant)},"api":{encode_basestring_ascii(api)},'
             f'"route":{encode_basestring_ascii(route)},"request_id":{encode_basestring_ascii(request_id)},'
             f'"latency_ms":{latency_ms:.3f},'

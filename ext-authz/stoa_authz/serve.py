@@ -16,11 +16,12 @@ from concurrent import futures
 import grpc
 from envoy.service.auth.v3 import external_auth_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
+from stoa_ops.endpoint import OperatorEndpoint
 
 from stoa_authz.ads import PolicySubscription, channel_credentials
 from stoa_authz.check import AuthorizationService, Decider, DecisionConfig
 from stoa_authz.envelope import Envelope
-from stoa_authz.health import HttpEndpoints, Readiness
+from stoa_authz.health import Readiness, authz_registry
 from stoa_authz.identify import Identifier
 from stoa_authz.log import DecisionLog
 from stoa_authz.policy import PolicyStore
@@ -73,8 +74,13 @@ async def serve(settings: Settings, envelope: Envelope, stop: asyncio.Event | No
     readiness.publish()
     server.start()
     try:
-        host, port = split_address(settings.http_address)
-        http = await HttpEndpoints(readiness, envelope.jwks).start(host, port, settings.reuse_port)
+        host, port = split_address(settings.http_address, "http_address")
+        endpoint = OperatorEndpoint(
+            readiness.state,
+            authz_registry(readiness, store),
+            {"/.well-known/jwks.json": ("application/json", envelope.jwks)},
+        )
+        http = await endpoint.start(host, port, settings.reuse_port)
         credentials = None
         if settings.tls_files:
             ca, cert, key = (path.read_bytes() for path in settings.tls_files)

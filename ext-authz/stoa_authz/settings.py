@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from stoa_ops.address import is_loopback, split_host_port
 
 
 class ConfigError(Exception):
@@ -68,20 +68,12 @@ class Settings(BaseSettings):
         return None
 
 
-def split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(f"address {address!r} is not host:port")
-    return host.strip("[]"), int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
+def split_address(address: str, name: str) -> tuple[str, int]:
+    """`host:port` of the setting `name`; ConfigError (start-up refused) when it is not one."""
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        return split_host_port(address, f"STOA_AUTHZ_{name.upper()}", "127.0.0.1:9191")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check(settings: Settings) -> list[str]:
@@ -89,7 +81,7 @@ def check(settings: Settings) -> list[str]:
     warnings: list[str] = []
     production = settings.env == "production"
     for name in ("grpc_address", "http_address", "ads_address"):
-        split_address(getattr(settings, name))
+        split_address(getattr(settings, name), name)
     blank = [s for s in settings.required_scopes if not s]
     if production:
         problems = []
@@ -117,7 +109,7 @@ def check(settings: Settings) -> list[str]:
         if settings.tls_files is None:
             warnings.append("no ADS client certificate configured: connecting to the ADS server without TLS")
     for name in ("grpc_address", "http_address"):
-        host, _ = split_address(getattr(settings, name))
+        host, _ = split_address(getattr(settings, name), name)
         if not is_loopback(host):
             warnings.append(f"{name} {getattr(settings, name)} is not loopback and has no TLS of its own")
     return warnings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 
 from stoa_authz.log import DecisionLog
@@ -42,7 +43,8 @@ def test_line_has_the_json_lines_shape_and_escapes_request_values() -> None:
         "reason": "missing_token",
         "latency_ms": 0.123,
     }
-    assert isinstance(event["ts"], float)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", event["ts"])
+    assert list(event)[:4] == ["ts", "level", "logger", "event"], "the head every service's lines share"
 
 
 def test_flusher_writes_on_its_interval_and_close_writes_the_rest() -> None:

@@ -212,7 +212,7 @@ async def test_no_audience_denies_and_is_never_ready(ads_server, services, idp, 
     service.stop()
     reasons = [e["reason"] for e in service.log_lines() if e.get("event") == "ext_authz_decision"]
     assert reasons == ["not_configured"]
-    assert any("STOA_AUTHZ_AUDIENCE" in e.get("message", "") for e in service.log_lines())
+    assert any("STOA_AUTHZ_AUDIENCE" in e["event"] for e in service.log_lines())
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """The authorization service through a real Envoy: tokens, tenants, scopes, identity headers,
-malformed requests and the decision log (issue 4). CP + Link + Envoy + stoa-authz + dev IdP."""
+malformed requests and the decision log. CP + Link + Envoy + stoa-authz + dev IdP."""
 
 from __future__ import annotations
 

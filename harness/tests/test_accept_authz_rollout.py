@@ -1,4 +1,4 @@
-"""Policy-set rollout through the real Link, the real Envoy and the real `stoa-authz` (issue 4):
+"""Policy-set rollout through the real Link, the real Envoy and the real `stoa-authz`:
 a key set the service would refuse is refused at the CP, and one stored before that rule is NACKed
 and leaves everything as it was, a route built with set N is decided with N while N+1 rolls
 out, a service without an audience denies everything and says so, and production refuses bad scopes."""
@@ -140,7 +140,7 @@ def test_unusable_jwks_is_nacked_and_previous_decisions_stand(
     assert get(estate, token).status_code == 200
     envoy_before = estate.envoy.versions()
     version_before = route_policy_version(estate, token)
-    nacks_before = len(authz_events(estate, "policy set refused"))
+    nacks_before = len(authz_events(estate, "policy_set_refused"))
 
     # The CP refuses the key by the service's own rule: nothing is stored, nothing changes.
     with pytest.raises(CPError) as refused:
@@ -166,7 +166,7 @@ def test_unusable_jwks_is_nacked_and_previous_decisions_stand(
         assert report["reason"] == "NACK"
         assert "RSA key shorter than 2048 bits" in report["detail"]  # the service's own words
         assert int(status["acknowledged_generation"]) < generation
-        [refused] = authz_events(estate, "policy set refused")[nacks_before:]
+        [refused] = authz_events(estate, "policy_set_refused")[nacks_before:]
         assert "2048" in refused["error"]
         # Previous decisions unchanged: same Envoy configuration, same policy set, same answers.
         assert estate.envoy.versions() == envoy_before
@@ -190,7 +190,7 @@ def test_route_built_with_set_n_is_decided_with_n_while_n_plus_1_rolls_out(
     writer = idp.mint(tenant="demo", scope="orders:write")
     assert get(estate, reader).status_code == 200
     set_n = route_policy_version(estate, reader)
-    accepted_before = len(authz_events(estate, "policy set accepted"))
+    accepted_before = len(authz_events(estate, "policy_set_accepted"))
     envoy = estate.envoy.proc
     assert envoy is not None
     os.kill(envoy.pid, signal.SIGSTOP)
@@ -203,7 +203,7 @@ def test_route_built_with_set_n_is_decided_with_n_while_n_plus_1_rolls_out(
         }
         estate.admin.update_api("orders", body, tenant_id="demo")
         accepted = wait_until(
-            lambda: authz_events(estate, "policy set accepted")[accepted_before:],
+            lambda: authz_events(estate, "policy_set_accepted")[accepted_before:],
             15,
             "stoa-authz to accept set N+1",
         )
@@ -249,7 +249,8 @@ def test_without_audience_every_request_is_denied_and_not_ready(
     assert unconfigured.site is not None
     ready = httpx.get(f"{unconfigured.site.authz_http_url}/health/ready")
     assert ready.status_code == 503
-    assert ready.json() == {"status": "not_configured"}
+    assert ready.json()["status"] == "not_ready"
+    assert ready.json()["reason"] == "not_configured"
     with grpc.insecure_channel(unconfigured.site.ext_authz_address) as channel:
         health = health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=""), timeout=5

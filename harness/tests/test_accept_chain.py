@@ -1,4 +1,4 @@
-"""Issue 3 acceptance: the listener's filter chain (cors, rbac, ext_authz, local_ratelimit, router) and its
+"""The listener's filter chain (cors, rbac, ext_authz, local_ratelimit, router) and its
 hardening, through a real Envoy, proven by what the Check witness and the echo upstream recorded.
 
 Path-confusion requests go out as written (`stoa_harness.raw_http`: httpx would normalise the path first).

@@ -1,4 +1,4 @@
-"""Issue 5 item 8: zero non-2xx while routes change. Five rounds of add / modify / reorder /
+"""Zero non-2xx while routes change. Five rounds of add / modify / reorder /
 switch-backend on 20 routes, while clients hit every published route continuously through a real
 Envoy (the witness allowing everything). The last round moves every route off the first backend, so
 its cluster must leave only after the route configuration that stops using it is acknowledged.

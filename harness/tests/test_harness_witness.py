@@ -1,5 +1,5 @@
-"""The Check witness and the echo upstream, on their own (issue 3's acceptance tests drive them through
-a real Envoy; here, that each scripted rule answers as documented and everything is recorded)."""
+"""The Check witness and the echo upstream, on their own (the acceptance tests drive them through a
+real Envoy; here, that each scripted rule answers as documented and everything is recorded)."""
 
 from __future__ import annotations
 

@@ -288,7 +288,7 @@ class Agent:
         )
         failed = report.status != inventory_pb2.SYNCED
         reason = FailureReason.Name(report.reason) if failed else "none"
-        self.stats.reports["failed" if failed else "synced", reason] += 1
+        self.stats.reports.labels("failed" if failed else "synced", reason).inc()
         if timings and "total_ms" in timings:
             self.stats.publish_seconds.observe(timings["total_ms"] / 1000)
         self.reporter.submit(report)

@@ -5,45 +5,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
-import json
 import logging
 import signal
 import sys
 from pathlib import Path
 
 from pydantic import ValidationError
+from stoa_ops import logs
+from stoa_ops.address import is_loopback
 from stoa_translate.snapshot import AUTHZ_POLICY_SET, ENVOY_TYPES, PROC_POLICY_SET
 
 from stoa_link import bootstrap, certs
-from stoa_link.settings import LinkSettings, is_loopback
+from stoa_link.settings import LinkSettings
 
 log = logging.getLogger("stoa_link.cli")
-
-
-class JsonLines(logging.Formatter):
-    """One JSON object per line: time, level, logger, event, and the record's `fields`."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "event": record.getMessage(),
-            **getattr(record, "fields", {}),
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLines())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class StartupError(Exception):
@@ -62,14 +37,15 @@ def load_settings() -> LinkSettings:
 
 def _run(settings: LinkSettings) -> None:
     from envoy.service.accesslog.v3 import als_pb2_grpc
+    from stoa_ops.endpoint import OperatorEndpoint
     from stoa_translate import TranslateOptions, Translator
 
     from stoa_link.ads import AdsServer, TlsMaterial
     from stoa_link.agent import Agent, InventoryStore, run_agent
     from stoa_link.cp_client import CpClient
     from stoa_link.envoy_decisions import EnvoyDecisions
-    from stoa_link.health import HttpEndpoints
-    from stoa_link.metrics import link_families
+    from stoa_link.health import readiness
+    from stoa_link.metrics import link_registry
     from stoa_link.reporter import Reporter
 
     try:
@@ -118,7 +94,9 @@ def _run(settings: LinkSettings) -> None:
         agent = Agent(settings.gateway_id, ads, reporter, Translator(options).translate, store)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
-    endpoints = HttpEndpoints(ads, lambda: link_families(agent.stats, ads, cp.stream_open))
+    endpoints = OperatorEndpoint(
+        lambda: readiness(ads), link_registry(agent.stats, ads, lambda: cp.stream_open)
+    )
 
     async def main() -> None:
         try:
@@ -171,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     cert.add_argument("--out", type=Path, required=True)
     cert.add_argument("--force", action="store_true", help="replace an existing set")
     args = parser.parse_args(argv)
-    configure_logging()
+    logs.configure(quiet=["httpx"])
     try:
         settings = load_settings()
         if args.command == "run":

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,28 +20,11 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from httpx_sse import aconnect_sse
+from stoa_ops.backoff import Backoff
 from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
 from stoa_translate.policies import KINDS
 
 log = logging.getLogger("stoa_link.cp_client")
-
-
-class Backoff:
-    """Full-jitter exponential backoff: a uniform delay in [0, min(cap, base·2^attempt)]."""
-
-    def __init__(self, base_s: float = 0.2, cap_s: float = 10.0) -> None:
-        if base_s <= 0 or cap_s < base_s:
-            raise ValueError("backoff needs 0 < base <= cap")
-        self.base_s, self.cap_s = base_s, cap_s
-        self.attempt = 0
-
-    def next_delay(self) -> float:
-        ceiling = min(self.cap_s, self.base_s * 2 ** min(self.attempt, 32))
-        self.attempt += 1
-        return random.uniform(0, ceiling)
-
-    def reset(self) -> None:
-        self.attempt = 0
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The inventory guard: what the Link refuses before translating anything.
 
-Pure checks, in the order DESIGN.md §3.3 gives: another gateway's inventory, a generation not above
+Pure checks, in this order: another gateway's inventory, a generation not above
 the last applied one, a route lost without a tombstone. A refusal is reported FAILED and nothing of
 the refused inventory is published.
 """

@@ -12,9 +12,10 @@ from collections import deque
 
 import httpx
 from google.protobuf import json_format
+from stoa_ops.backoff import Backoff
 from stoa_proto import inventory_pb2
 
-from stoa_link.cp_client import Backoff, gateway_client
+from stoa_link.cp_client import gateway_client
 
 log = logging.getLogger("stoa_link.reporter")
 

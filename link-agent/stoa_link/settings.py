@@ -2,33 +2,13 @@
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from stoa_ops.address import ip_host_port, is_loopback
 from stoa_proto import client_headers
-
-
-def ip_endpoint(address: str, what: str, example: str, host_kind: str = "an IP literal") -> tuple[str, int]:
-    """Split `host:port` (or `[::1]:port`) whose host is an IP literal; `what` names it in errors."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise ValueError(f"{what} {address!r} is not host:port (for example {example})")
-    host = host.removeprefix("[").removesuffix("]")
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        raise ValueError(f"{what} {address!r}: the host must be {host_kind}, not {host!r}") from None
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"{what} {address!r}: port out of range")
-    return str(ip), port
-
-
-def is_loopback(host: str) -> bool:
-    return ipaddress.ip_address(host).is_loopback
 
 
 def loopback_endpoint(address: str) -> tuple[str, int]:
@@ -37,7 +17,7 @@ def loopback_endpoint(address: str) -> tuple[str, int]:
     The ADS server hands out the whole site's configuration; it must never be reachable from
     another machine, so anything but 127.0.0.0/8 or ::1 is refused.
     """
-    host, port = ip_endpoint(
+    host, port = ip_host_port(
         address, "ADS address", "127.0.0.1:18000", "a loopback IP literal (127.0.0.1 or ::1)"
     )
     if not is_loopback(host):
@@ -109,7 +89,7 @@ class LinkSettings(BaseSettings):
     @classmethod
     def _http_endpoint(cls, value: str) -> str:
         if value:
-            ip_endpoint(value, "HTTP address", "127.0.0.1:9902")
+            ip_host_port(value, "HTTP address", "127.0.0.1:9902")
         return value
 
     @field_validator("envoy_san", "authz_san", "proc_san")
@@ -143,7 +123,9 @@ class LinkSettings(BaseSettings):
     @property
     def http_endpoint(self) -> tuple[str, int] | None:
         """Where the operator endpoint listens, or None when disabled."""
-        return ip_endpoint(self.http_address, "HTTP address", "127.0.0.1:9902") if self.http_address else None
+        if not self.http_address:
+            return None
+        return ip_host_port(self.http_address, "HTTP address", "127.0.0.1:9902")
 
     def require_run_settings(self) -> None:
         """`run` needs to reach the CP as its gateway; `bootstrap` and `certs` do not."""

@@ -12,8 +12,8 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
-from google.rpc import status_pb2
 from stoa_harness.wait import wait_until_async
+from stoa_harness.xds_client import XdsClient as Client
 from stoa_link import certs
 from stoa_link.ads import AdsServer, TlsMaterial, peer_identity
 from stoa_link.health import readiness
@@ -51,64 +51,6 @@ def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tls")
     certs.write_dev_certs(out, ENVOY, AUTHZ)
     return out
-
-
-class Client:
-    """A minimal xDS client: subscribes, then ACKs or NACKs whatever arrives (per type)."""
-
-    def __init__(
-        self, tls_dir: Path, port: int, cert: str = "envoy-client", issued: certs.Issued | None = None
-    ):
-        ca = (tls_dir / certs.CA_FILE).read_bytes()
-        cert_pem = issued.cert_pem if issued else (tls_dir / f"{cert}.pem").read_bytes()
-        key_pem = issued.key_pem if issued else (tls_dir / f"{cert}-key.pem").read_bytes()
-        creds = grpc.ssl_channel_credentials(ca, key_pem, cert_pem)
-        self.channel = grpc.aio.secure_channel(f"localhost:{port}", creds)
-        self.requests: asyncio.Queue[discovery_pb2.DiscoveryRequest | None] = asyncio.Queue()
-        self.received: list[discovery_pb2.DiscoveryResponse] = []
-        self.nack: dict[str, str] = {}  # type URL -> the version to refuse
-        self.silent: set[str] = set()
-        self.error: grpc.aio.AioRpcError | None = None
-        self.call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel).StreamAggregatedResources(
-            self._requests()
-        )
-        self.task = asyncio.create_task(self._loop())
-
-    async def _requests(self) -> AsyncIterator[discovery_pb2.DiscoveryRequest]:
-        while (item := await self.requests.get()) is not None:
-            yield item
-
-    def subscribe(self, *types: str) -> None:
-        for type_url in types:
-            self.requests.put_nowait(discovery_pb2.DiscoveryRequest(type_url=type_url, node={"id": "node-1"}))
-
-    async def _loop(self) -> None:
-        try:
-            async for response in self.call:
-                self.received.append(response)
-                if response.type_url in self.silent:
-                    continue
-                request = discovery_pb2.DiscoveryRequest(
-                    type_url=response.type_url, response_nonce=response.nonce
-                )
-                if self.nack.get(response.type_url) == response.version_info:
-                    request.error_detail.CopyFrom(
-                        status_pb2.Status(code=3, message=f"bad {response.version_info}")
-                    )
-                else:
-                    request.version_info = response.version_info
-                self.requests.put_nowait(request)
-        except grpc.aio.AioRpcError as exc:
-            self.error = exc
-
-    def versions(self, type_url: str) -> list[str]:
-        return [r.version_info for r in self.received if r.type_url == type_url]
-
-    async def close(self) -> None:
-        self.requests.put_nowait(None)
-        self.call.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-        await self.channel.close()
 
 
 @pytest.fixture
@@ -182,25 +124,23 @@ async def test_nack_restores_previous_snapshot_on_every_type(tls_dir: Path, serv
 async def test_ready_only_once_every_required_client_acknowledged_a_snapshot(
     tls_dir: Path, server: AdsServer
 ) -> None:
-    assert readiness(server)["status"] == "not_ready"
-    assert readiness(server)["reason"] == f"waiting for ADS clients: {ENVOY}, {AUTHZ}"
+    assert readiness(server)[0] == f"waiting for ADS clients: {ENVOY}, {AUTHZ}"
     envoy = await connected(tls_dir, server, "envoy-client", CLUSTER, LISTENER, ROUTE)
-    assert readiness(server)["reason"] == f"waiting for ADS clients: {AUTHZ}"
+    assert readiness(server)[0] == f"waiting for ADS clients: {AUTHZ}"
     authz = await connected(tls_dir, server, "authz-client", AUTHZ_POLICY_SET)
     refused = snapshot(1, ["a"])
     envoy.nack[ROUTE] = refused.version
 
     assert not (await server.publish(refused)).acked
 
-    state = readiness(server)
-    assert state["status"] == "not_ready"
-    assert state["reason"] == "no snapshot acknowledged by every required client yet"
+    reason, state = readiness(server)
+    assert reason == "no snapshot acknowledged by every required client yet"
     assert state["clients"] == {ENVOY: 1, AUTHZ: 1}
     assert server.nacks == {ROUTE: 1}
     good = snapshot(2, ["a"])
     assert (await server.publish(good)).acked
-    state = readiness(server)
-    assert state["status"] == "ready"
+    reason, state = readiness(server)
+    assert reason is None
     assert (state["generation"], state["version"]) == (2, good.version)
     await envoy.close()
     await authz.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import httpx
@@ -11,9 +12,10 @@ import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 from stoa_link.ads import PublishResult
 from stoa_link.agent import Agent, InventoryStore
-from stoa_link.cp_client import Backoff, InvalidInventory
+from stoa_link.cp_client import InvalidInventory
 from stoa_link.guard import Refusal
 from stoa_link.reporter import Reporter
+from stoa_ops.backoff import Backoff
 from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
 from stoa_translate.snapshot import CLUSTER, Snapshot
 
@@ -188,12 +190,26 @@ def test_state_of_another_gateway_refuses_to_start(tmp_path: Path, reporter: Rep
         make_agent(tmp_path, reporter)
 
 
-def test_state_file_write_is_atomic(tmp_path: Path) -> None:
+@pytest.mark.parametrize("crash_in", ["fsync", "replace"])
+def test_state_file_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, crash_in: str) -> None:
+    """A crash while the new inventory is being written (before its data is durable, or just before
+    the rename) leaves the previous file whole: the target is only ever replaced, never written."""
     store = InventoryStore(tmp_path / "state")
     store.save(inventory(1, "a"))
-    store.save(inventory(2, "a"))
-    assert store.load() == inventory(2, "a")
-    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["last-applied-inventory.json"]
+    before = store.path.read_bytes()
+
+    def crash(*args: object) -> None:
+        raise OSError(f"simulated crash in {crash_in}")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, crash_in, crash)
+        with pytest.raises(OSError, match="simulated crash"):
+            store.save(inventory(2, "a", "b"))
+
+    assert store.path.read_bytes() == before
+    assert store.load() == inventory(1, "a")
+    store.save(inventory(2, "a", "b"))
+    assert store.load() == inventory(2, "a", "b")
 
 
 def test_failure_detail_is_made_storable() -> None:

@@ -7,7 +7,8 @@ import json
 import httpx
 import pytest
 from google.protobuf import json_format
-from stoa_link.cp_client import Backoff, CpClient, InvalidInventory, parse_inventory
+from stoa_link.cp_client import CpClient, InvalidInventory, parse_inventory
+from stoa_ops.backoff import Backoff
 from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
 from stoa_translate import TranslateOptions, translate
 from stoa_translate.refusal import FailureReason, Refusal
@@ -98,16 +99,6 @@ async def test_an_event_that_is_not_an_inventory_is_delivered_as_invalid() -> No
     assert isinstance(bad, InvalidInventory)
     assert bad.generation == 5
     assert "routes" in bad.detail
-
-
-def test_backoff_is_bounded_full_jitter() -> None:
-    backoff = Backoff(base_s=0.2, cap_s=10.0)
-    delays = [backoff.next_delay() for _ in range(200)]
-    for attempt, delay in enumerate(delays):
-        assert 0 <= delay <= min(10.0, 0.2 * 2**attempt)
-    assert max(delays[10:]) > 1.0, "the ceiling grows to the cap"
-    backoff.reset()
-    assert backoff.next_delay() <= 0.2
 
 
 def _route(route_id: str, **fields: object) -> dict[str, object]:

@@ -1,4 +1,5 @@
-"""The Link's operator endpoint: the Prometheus text it writes and the HTTP answers, over a real socket."""
+"""The Link's operator endpoint: its series, read back with prometheus-client's parser, and the HTTP
+answers over a real socket."""
 
 from __future__ import annotations
 
@@ -10,22 +11,17 @@ import httpx
 import pytest
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.config.route.v3 import route_pb2
+from prometheus_client.parser import text_string_to_metric_families
+from stoa_harness.xds_client import XdsClient
+from stoa_link import certs
 from stoa_link.ads import AdsServer, TlsMaterial
 from stoa_link.agent import Agent, InventoryStore
-from stoa_link.health import HttpEndpoints
-from stoa_link.metrics import (
-    CONTENT_TYPE,
-    Family,
-    Histogram,
-    PublicationStats,
-    exposition,
-    histogram_samples,
-    link_families,
-    route_count,
-)
+from stoa_link.health import readiness
+from stoa_link.metrics import PublicationStats, link_registry, route_count
 from stoa_link.settings import LinkSettings
+from stoa_ops.endpoint import CONTENT_TYPE, OperatorEndpoint, exposition
 from stoa_proto import inventory_pb2
-from stoa_translate.snapshot import ENVOY_TYPES, ROUTE, SITE_SERVICE_TYPES, Snapshot
+from stoa_translate.snapshot import CLUSTER, ENVOY_TYPES, LISTENER, ROUTE, SITE_SERVICE_TYPES, Snapshot
 
 ENVOY = "spiffe://stoa.local/envoy"
 AUTHZ = "spiffe://stoa.local/ext-authz"
@@ -38,50 +34,22 @@ def unstarted_ads() -> AdsServer:
 
 
 def samples(text: str) -> dict[str, float]:
-    """`name{labels}` → value, for every sample line."""
+    """`name{label="value",...}` → value for every sample, as prometheus-client's own parser reads
+    the exposition (so a malformed exposition fails here, whatever its author meant)."""
     out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            out[key] = float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return out
 
 
-def test_exposition_writes_help_type_and_escaped_labels() -> None:
-    text = exposition(
-        [
-            Family("a_total", "counter", "things", [("", {"k": 'x"y\\z\nw'}, 3)]),
-            Family("b", "gauge", "level", [("", {}, 0.25)]),
-        ]
-    )
-
-    assert text == (
-        "# HELP a_total things\n"
-        "# TYPE a_total counter\n"
-        'a_total{k="x\\"y\\\\z\\nw"} 3\n'
-        "# HELP b level\n"
-        "# TYPE b gauge\n"
-        "b 0.25\n"
-    )
-
-
-def test_histogram_buckets_are_cumulative_and_end_with_inf() -> None:
-    histogram = Histogram(bounds=(0.1, 1.0))
-    for value in (0.05, 0.5, 0.7, 3.0):
-        histogram.observe(value)
-
-    text = exposition([Family("h_seconds", "histogram", "t", histogram_samples(histogram))])
-
-    got = samples(text)
-    assert got['h_seconds_bucket{le="0.1"}'] == 1
-    assert got['h_seconds_bucket{le="1"}'] == 3
-    assert got['h_seconds_bucket{le="+Inf"}'] == 4
-    assert got["h_seconds_count"] == 4
-    assert got["h_seconds_sum"] == pytest.approx(4.25)
+def scrape(stats: PublicationStats, ads: AdsServer, cp_connected: bool) -> dict[str, float]:
+    return samples(exposition(link_registry(stats, ads, lambda: cp_connected)).decode())
 
 
 def test_link_series_before_anything_happened() -> None:
-    got = samples(exposition(link_families(PublicationStats(), unstarted_ads(), cp_connected=False)))
+    got = scrape(PublicationStats(), unstarted_ads(), cp_connected=False)
 
     assert got["stoa_link_applied_generation"] == 0
     assert got["stoa_link_desired_generation_seen"] == 0
@@ -91,6 +59,7 @@ def test_link_series_before_anything_happened() -> None:
     assert got[f'stoa_link_ads_clients{{identity="{AUTHZ}"}}'] == 0
     assert got["stoa_link_publish_seconds_count"] == 0
     assert not any(k.startswith(("stoa_link_publications_total", "stoa_link_nacks_total")) for k in got)
+    assert not any(k.endswith("_created") for k in got), "no _created series beside counters"
 
 
 class _Reports:
@@ -110,7 +79,7 @@ def test_agent_reports_are_counted_by_outcome_and_reason(tmp_path) -> None:
         inventory_pb2.SyncReport(generation=9, status=inventory_pb2.FAILED, reason=inventory_pb2.ROUTE_LOSS)
     )
 
-    got = samples(exposition(link_families(agent.stats, agent.ads, cp_connected=True)))
+    got = scrape(agent.stats, agent.ads, cp_connected=True)
 
     assert got["stoa_link_desired_generation_seen"] == 7
     assert got['stoa_link_publications_total{outcome="synced",reason="none"}'] == 1
@@ -118,29 +87,46 @@ def test_agent_reports_are_counted_by_outcome_and_reason(tmp_path) -> None:
     # Only reports that timed a delivery are observed (an invalid document has nothing to time).
     assert got["stoa_link_publish_seconds_count"] == 2
     assert got["stoa_link_publish_seconds_sum"] == pytest.approx(0.123)
-    assert got['stoa_link_publish_seconds_bucket{le="0.1"}'] == 1
+    assert got['stoa_link_publish_seconds_bucket{le="0.05"}'] == 1
+    assert got['stoa_link_publish_seconds_bucket{le="0.25"}'] == 2
+    assert got['stoa_link_publish_seconds_bucket{le="+Inf"}'] == 2
     assert got["stoa_link_cp_connected"] == 1
 
 
-def test_routes_are_counted_across_virtual_hosts_of_the_acknowledged_snapshot() -> None:
-    ads = unstarted_ads()
-    config = route_pb2.RouteConfiguration(
-        name="stoa-routes",
-        virtual_hosts=[
-            rc.VirtualHost(name="a", routes=[rc.Route(name="1"), rc.Route(name="2")]),
-            rc.VirtualHost(name="b", routes=[rc.Route(name="3")]),
-        ],
-    )
-    assert route_count(ads) == 0
-    ads._publisher.acked = Snapshot.build("gw", 3, {ROUTE: [config]})
+async def test_routes_are_counted_across_virtual_hosts_of_the_acknowledged_snapshot(tmp_path) -> None:
+    certs.write_dev_certs(tmp_path, ENVOY, "")
+    ads = AdsServer("127.0.0.1:0", TlsMaterial.server_from_dir(tmp_path), {ENVOY: ENVOY_TYPES}, 5.0)
+    await ads.start()
+    envoy = XdsClient(tmp_path, ads.port)
+    try:
+        envoy.subscribe(CLUSTER, LISTENER, ROUTE)
+        config = route_pb2.RouteConfiguration(
+            name="stoa-routes",
+            virtual_hosts=[
+                rc.VirtualHost(name="a", routes=[rc.Route(name="1"), rc.Route(name="2")]),
+                rc.VirtualHost(name="b", routes=[rc.Route(name="3")]),
+            ],
+        )
+        assert route_count(ads) == 0
 
-    assert route_count(ads) == 3
+        result = await ads.publish(Snapshot.build("gw", 3, {ROUTE: [config]}))
+
+        assert result.acked
+        got = scrape(PublicationStats(), ads, cp_connected=True)
+        assert got["stoa_link_routes"] == 3
+        assert got["stoa_link_applied_generation"] == 3
+        assert got[f'stoa_link_ads_clients{{identity="{ENVOY}"}}'] == 1
+    finally:
+        await envoy.close()
+        await ads.stop(0)
 
 
 @pytest.fixture
 async def endpoint() -> AsyncIterator[str]:
     ads = unstarted_ads()
-    endpoints = HttpEndpoints(ads, lambda: link_families(PublicationStats(), ads, cp_connected=False))
+    endpoints = OperatorEndpoint(
+        lambda: readiness(ads), link_registry(PublicationStats(), ads, lambda: False)
+    )
     server = await endpoints.start("127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     yield f"http://127.0.0.1:{port}"
@@ -164,7 +150,9 @@ async def test_live_ready_metrics_over_http(endpoint: str) -> None:
     assert ready.json()["clients"] == {ENVOY: 0, AUTHZ: 0}
     assert scraped.status_code == 200
     assert scraped.headers["content-type"] == CONTENT_TYPE
-    assert "# TYPE stoa_link_publications_total counter" in scraped.text
+    assert {f.name: f.type for f in text_string_to_metric_families(scraped.text)}[
+        "stoa_link_publications"
+    ] == ("counter")
     assert samples(scraped.text)["stoa_link_applied_generation"] == 0
     assert missing.status_code == 404
     assert posted.status_code == 405

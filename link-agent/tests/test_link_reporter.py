@@ -7,8 +7,8 @@ import json
 
 import httpx
 from google.protobuf import json_format
-from stoa_link.cp_client import Backoff
 from stoa_link.reporter import Reporter
+from stoa_ops.backoff import Backoff
 from stoa_proto import inventory_pb2
 from stoa_translate import TranslateOptions
 

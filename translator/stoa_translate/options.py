@@ -6,6 +6,7 @@ import dataclasses
 import ipaddress
 from dataclasses import dataclass
 
+from stoa_ops.address import split_host_port
 from stoa_proto import client_headers, inventory_pb2
 
 PLACEMENTS = ("auto", "service")
@@ -92,8 +93,7 @@ class TranslateOptions:
 
 
 def _endpoint(name: str, address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{name} {address!r} is not host:port")
-    return host, int(port)
+    host, port = split_host_port(address, name, "127.0.0.1:9191")
+    if port == 0:
+        raise ValueError(f"{name} {address!r} is not host:port (port 0)")
+    return host, port

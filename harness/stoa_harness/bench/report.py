@@ -1,4 +1,4 @@
-"""The report: report.json (the keys of issue 5, the environment, every target with met / by how
+"""The report: report.json (every measured figure, the environment, every target with met / by how
 much), summary.md (the table `make bench` prints) and PNG plots (matplotlib, no display needed)."""
 
 from __future__ import annotations

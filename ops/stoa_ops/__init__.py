@@ -1,0 +1,8 @@
+"""What every STOA service offers its operators, written once.
+
+- `endpoint`: the operator HTTP endpoint (`/health/live`, `/health/ready`, `/metrics` in the
+  Prometheus text format written by prometheus-client, and any extra read-only document);
+- `logs`: the JSON-lines log format every service writes (field names in the README);
+- `address`: `host:port` parsing and the loopback check;
+- `backoff`: bounded, fully jittered exponential backoff between reconnects.
+"""

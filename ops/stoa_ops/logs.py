@@ -1,0 +1,72 @@
+"""The JSON-lines log format of every STOA service: one JSON object per line on stderr.
+
+Every line starts with the same four fields, in this order:
+
+- `ts`: the time, ISO 8601 in UTC with milliseconds (`2026-12-01T02:03:04.567Z`);
+- `level`: `debug`, `info`, `warning`, `error` or `critical`;
+- `logger`: the logger name (`stoa_link.ads`, `stoa_authz.decision`, `stoa_cp`, ...);
+- `event`: what happened, a snake_case name (`ads_connected`, `ext_authz_decision`, ...);
+
+then the event's own fields (passed as `extra={"fields": {...}}`), and `exception` (the formatted
+traceback) when one is being logged. A service that writes lines without `logging` (the decision
+log, for its cost) writes the same head with `head()`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterable
+
+# Attributes every LogRecord has; anything else on a record came from `extra` and is a field.
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "fields", "asctime"}
+
+_second: tuple[int, str] = (-1, "")
+
+
+def timestamp(created: float) -> str:
+    """`created` (seconds since the epoch) as the `ts` field; the text of each second is kept, so a
+    busy writer formats a date once per second, not once per line."""
+    global _second
+    whole = int(created)
+    cached_at, prefix = _second
+    if cached_at != whole:
+        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _second = (whole, prefix)
+    return f"{prefix}.{int((created - whole) * 1000):03d}Z"
+
+
+def head(created: float, level: str, logger: str, event: str) -> str:
+    """The start of a line, up to and including the comma after `event`, for writers that append
+    their fields themselves; `logger` and `event` must need no JSON escaping."""
+    return f'{{"ts":"{timestamp(created)}","level":"{level}","logger":"{logger}","event":"{event}",'
+
+
+class JsonLines(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "ts": timestamp(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update(fields)
+        entry.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        if record.exc_info and record.exc_info[0] is not None:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, separators=(",", ":"))
+
+
+def configure(level: int | str = logging.INFO, quiet: Iterable[str] = ()) -> None:
+    """Send every log record to stderr as JSON lines; `quiet` loggers only from WARNING up."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper() if isinstance(level, str) else level)
+    for name in quiet:
+        logging.getLogger(name).setLevel(logging.WARNING)
