@@ -7,8 +7,8 @@ import logging
 import sys
 
 from pydantic import ValidationError
+from stoa_ops import logs
 
-from stoa_proc import log as jsonlog
 from stoa_proc.serve import serve
 from stoa_proc.settings import ConfigError, Settings, check
 
@@ -22,7 +22,7 @@ def _refuse(message: str) -> int:
 
 
 def main() -> int:
-    jsonlog.configure()
+    logs.configure()
     try:
         settings = Settings()
         warnings = check(settings)

@@ -1,13 +1,12 @@
 """The ADS client: subscribes to the Link's ProcPolicySet (state of the world) and ACKs/NACKs like
 Envoy. A usable set is compiled and stored, then ACKed; an unusable one is NACKed with the reason and
-the sets already accepted stay in force. Reconnects with jittered exponential backoff."""
+the sets already accepted stay in force. Reconnects with bounded, fully jittered exponential backoff."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-import random
 import socket
 from collections.abc import Awaitable, Callable
 
@@ -16,14 +15,13 @@ from envoy.config.core.v3.base_pb2 import Node
 from envoy.service.discovery.v3 import ads_pb2_grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
 from google.rpc import code_pb2, status_pb2
+from stoa_ops.backoff import Backoff
 from stoa_proto import proc_pb2
 
 from stoa_proc.policy import PolicyError, PolicySet, PolicyStore, compile_policy_set
 
 TYPE_URL = "type.googleapis.com/stoa.proc.v1.ProcPolicySet"
 RESOURCE_NAME = "default"
-BACKOFF_INITIAL_S = 0.2
-BACKOFF_MAX_S = 10.0
 
 log = logging.getLogger("stoa_proc.ads")
 
@@ -77,19 +75,18 @@ class PolicySubscription:
 
     async def run(self) -> None:
         """Forever: connect, subscribe, apply; back off with jitter between attempts."""
-        delay = BACKOFF_INITIAL_S
+        backoff = Backoff()
         while True:
             try:
                 if await self._stream():
-                    delay = BACKOFF_INITIAL_S
+                    backoff.reset()
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                log.warning("ads stream ended", extra={"code": exc.code().name, "detail": exc.details()})
+                log.warning("ads_stream_ended", extra={"code": exc.code().name, "detail": exc.details()})
             except Exception:
-                log.exception("ads stream failed")
-            await asyncio.sleep(random.uniform(delay / 2, delay))
-            delay = min(delay * 2, BACKOFF_MAX_S)
+                log.exception("ads_stream_failed")
+            await asyncio.sleep(backoff.next_delay())
 
     async def _stream(self) -> bool:
         """One stream; True when at least one response was handled (the connection worked)."""
@@ -110,10 +107,10 @@ class PolicySubscription:
         except Exception as exc:
             # Anything compile did not foresee is a refusal too: NACK, the sets in force stay.
             if not isinstance(exc, PolicyError):
-                log.exception("policy set could not be compiled")
+                log.exception("policy_set_uncompilable")
                 exc = PolicyError(f"policy set could not be compiled: {type(exc).__name__}")
             log.warning(
-                "policy set refused", extra={"version_info": response.version_info, "error": str(exc)}
+                "policy_set_refused", extra={"version_info": response.version_info, "error": str(exc)}
             )
             return self._request(
                 self.accepted_version_info,
@@ -125,7 +122,7 @@ class PolicySubscription:
             await self._on_change()
         self.accepted_version_info = response.version_info
         log.info(
-            "policy set accepted",
+            "policy_set_accepted",
             extra={"policy_set_version": policy_set.version, "routes": len(policy_set.routes)},
         )
         return self._request(response.version_info, response.nonce)

@@ -268,7 +268,7 @@ class ProcessingService(external_processor_pb2_grpc.ExternalProcessorServicer):
                     yield respond.immediate(deny.reason, deny.path)
                     return
                 except Exception:
-                    log.exception("processing failed", extra={"phase": phase})
+                    log.exception("processing_failed", extra={"phase": phase})
                     exchange.outcome = Reason.INTERNAL_ERROR
                     yield respond.immediate(Reason.INTERNAL_ERROR)
                     return

@@ -14,9 +14,10 @@ import signal
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
+from stoa_ops.endpoint import OperatorEndpoint
 
 from stoa_proc.ads import PolicySubscription, channel_credentials
-from stoa_proc.health import HttpEndpoints, Readiness
+from stoa_proc.health import ProcCollector, Readiness
 from stoa_proc.log import DecisionLog
 from stoa_proc.policy import PolicyStore
 from stoa_proc.process import ProcessingService
@@ -47,8 +48,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     await readiness.publish()
     await server.start()
     try:
-        host, port = split_address(settings.http_address)
-        http = await HttpEndpoints(readiness, store, decisions).start(host, port)
+        host, port = split_address(settings.http_address, "http_address")
+        decisions.registry.register(ProcCollector(store))
+        http = await OperatorEndpoint(readiness.state, decisions.registry).start(host, port)
         credentials = None
         if settings.tls_files:
             ca, cert, key = (path.read_bytes() for path in settings.tls_files)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from stoa_ops.address import is_loopback, split_host_port
 
 
 class ConfigError(Exception):
@@ -43,27 +43,19 @@ class Settings(BaseSettings):
         return None
 
 
-def split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(f"address {address!r} is not host:port")
-    return host.strip("[]"), int(port)
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
+def split_address(address: str, name: str) -> tuple[str, int]:
+    """`host:port` of the setting `name`; ConfigError (start-up refused) when it is not one."""
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        return split_host_port(address, f"STOA_PROC_{name.upper()}", "127.0.0.1:9291")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check(settings: Settings) -> list[str]:
     """Raise ConfigError for settings that must refuse start-up; return warnings for the rest."""
     warnings: list[str] = []
     for name in ("grpc_address", "http_address", "ads_address"):
-        split_address(getattr(settings, name))
+        split_address(getattr(settings, name), name)
     partial_tls = settings.tls_files is None and any((settings.tls_ca, settings.tls_cert, settings.tls_key))
     if partial_tls:
         raise ConfigError("STOA_PROC_TLS_CA, STOA_PROC_TLS_CERT and STOA_PROC_TLS_KEY go together")
@@ -72,7 +64,7 @@ def check(settings: Settings) -> list[str]:
             raise ConfigError("refusing to start in production: STOA_PROC_TLS_CA, _CERT and _KEY must be set")
         warnings.append("no ADS client certificate configured: connecting to the ADS server without TLS")
     for name in ("grpc_address", "http_address"):
-        host, _ = split_address(getattr(settings, name))
-        if not _loopback(host):
+        host, _ = split_address(getattr(settings, name), name)
+        if not is_loopback(host):
             warnings.append(f"{name} {getattr(settings, name)} is not loopback and has no TLS of its own")
     return warnings

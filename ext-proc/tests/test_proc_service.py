@@ -159,7 +159,7 @@ async def test_unknown_version_is_503_and_unknown_route_403(processor) -> None:
 
 async def test_event_stream_switches_to_streamed_and_is_cut_at_the_pattern(processor) -> None:
     stub, decisions = processor
-    before = decisions.counts["guardrail_blocked"]
+    before = decisions.count("guardrail_blocked")
     chunks = [
         b'data: {"choices":[{"delta":{"content":"forbid"}}]}\n\n',
         b'data: {"choices":[{"delta":{"content":"den fruit"}}]}\n\n',
@@ -178,7 +178,7 @@ async def test_event_stream_switches_to_streamed_and_is_cut_at_the_pattern(proce
     replaced = answers[4].response_body.response.body_mutation.body
     assert replaced.startswith(b"event: error\n")
     # One decision per exchange, written when the server side of the stream ends.
-    await wait_until_async(lambda: decisions.counts["guardrail_blocked"] == before + 1, what="decision")
+    await wait_until_async(lambda: decisions.count("guardrail_blocked") == before + 1, what="decision")
 
 
 class OneShotAds(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
