@@ -342,9 +342,26 @@ class CPClient(CPCalls[Any]):
             ) from None
 
     def wait_synced(
-        self, generation: int | None = None, timeout: float = 30.0, gateway_id: str | None = None
+        self,
+        generation: int | None = None,
+        timeout: float = 30.0,
+        gateway_id: str | None = None,
+        *,
+        past_failed: bool = False,
     ) -> dict[str, Any]:
-        """The status once SYNCED at `generation` (default: the desired one now); SyncFailed if FAILED."""
+        """The status once SYNCED at `generation` (default: the desired one now); SyncFailed if FAILED,
+        unless `past_failed`: then a FAILED report is waited past, for the SYNCED one that replaces it
+        when a client the Link waited for (Envoy, stoa-authz) connects after the ACK deadline."""
+        if past_failed:
+            gateway_id = self._gateway(gateway_id)
+            target = int(self.desired_generation(gateway_id)) if generation is None else generation
+
+            def synced() -> dict[str, Any] | None:
+                status = self.status(gateway_id)
+                acknowledged = int(status.get("acknowledged_generation") or 0)
+                return status if status["state"] == "SYNCED" and acknowledged >= target else None
+
+            return wait_until(synced, timeout, f"gateway {gateway_id} SYNCED at generation {target}")
         status = self.wait_settled(generation, timeout, gateway_id)
         if status["state"] != "SYNCED":
             raise SyncFailed(f"generation {status['desired_generation']} FAILED: {status.get('last_report')}")

@@ -180,8 +180,9 @@ class Estate(Lifecycle):
             start_timeout=self.options.start_timeout,
         )
         self._stack.enter_context(self.site)
-        # A fresh gateway (generation 1, no routes) must reach SYNCED before anyone uses it.
-        self.admin.wait_synced(timeout=self.options.start_timeout)
+        # A fresh gateway (generation 1, no routes) must reach SYNCED before anyone uses it. With a short
+        # ACK deadline, Envoy or stoa-authz may connect after it: FAILED first, then SYNCED.
+        self.admin.wait_synced(timeout=self.options.start_timeout, past_failed=True)
 
     def stop(self) -> None:
         self._stack.close()

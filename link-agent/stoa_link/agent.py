@@ -3,6 +3,10 @@
 Only the newest pending inventory matters: deliveries that arrive while one is being published are
 coalesced to the latest. The last applied inventory is persisted in STATE_DIR, so a restarted Link
 serves it again and keeps refusing what the guard refused before.
+
+A publication that failed because a client (Envoy, stoa-authz) had no stream open is reported FAILED
+at its deadline, naming the client, and made again as soon as every client is connected, unless a
+newer delivery came first: it then ends SYNCED (or FAILED for a reason of its own).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from google.protobuf import json_format
@@ -128,6 +132,8 @@ class Agent:
         self._arrived = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        # What to do again once every ADS client is connected (a publication one of them missed).
+        self._again: Callable[[], Awaitable[None]] | None = None
 
     # ---- intake --------------------------------------------------------------------------------
 
@@ -160,7 +166,7 @@ class Agent:
     async def work(self) -> None:
         await self.restore()
         while True:
-            await self._arrived.wait()
+            await self._until_delivery()
             self._arrived.clear()
             while self._latest is not None:
                 delivery, self._latest = self._latest, None
@@ -179,6 +185,26 @@ class Agent:
                     )
             self._idle.set()
 
+    async def _until_delivery(self) -> None:
+        """Until a delivery arrives; meanwhile, a publication a missing client failed is made again
+        once every client is connected."""
+        while not self._arrived.is_set():
+            if self._again is None:
+                await self._arrived.wait()
+                return
+            arrived = asyncio.create_task(self._arrived.wait())
+            connected = asyncio.create_task(self.ads.wait_for_clients())
+            try:
+                await asyncio.wait({arrived, connected}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                arrived.cancel()
+                connected.cancel()
+            if connected.done() and not connected.cancelled() and not self._arrived.is_set():
+                again, self._again = self._again, None
+                log.info("clients_connected_publishing_again")
+                if again is not None:
+                    await again()
+
     # ---- one inventory ---------------------------------------------------------------------------
 
     async def restore(self) -> None:
@@ -193,7 +219,10 @@ class Agent:
                 extra={"fields": {"generation": self.last_applied.generation, "detail": str(refusal)}},
             )
             return
+        self._again = None
         result = await self.ads.publish(snapshot)
+        if result.missing:
+            self._again = self.restore
         log.info(
             "restored",
             extra={
@@ -247,8 +276,15 @@ class Agent:
                 }
             },
         )
+        self._again = None  # this publication supersedes one waiting for a client
         result = await self.ads.publish(snapshot)
         timings.update(result.timings)
+        if result.missing:
+
+            async def offer_again() -> None:
+                self.offer(delivery, document)
+
+            self._again = offer_again
         if not result.acked:
             reason = FailureReason.Value(result.reason)
             return self._report(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -110,6 +111,7 @@ async def test_nack_restores_previous_snapshot_on_every_type(tls_dir: Path, serv
     assert result.failed_type == ROUTE
     assert result.detail == f"bad {second.version}"
     # The last acknowledged snapshot was put back on every type, on every stream.
+    await asyncio.wait_for(server.settled(), 5)
     await wait_until_async(
         lambda: envoy.versions(ROUTE)[-1] == first.version, 5, "the first version back on RDS"
     )
@@ -291,3 +293,46 @@ def test_identity_needs_tls_1_3_and_a_single_uri_san(auth, identity, why) -> Non
     found, reason = peer_identity(_Context(auth))  # type: ignore[arg-type]
     assert found == identity
     assert why in reason
+
+
+async def test_a_missed_ack_fails_at_the_deadline_then_the_acked_snapshot_is_put_back(
+    tls_dir: Path, server: AdsServer
+) -> None:
+    envoy = await connected(tls_dir, server, "envoy-client", CLUSTER, LISTENER, ROUTE)
+    authz = await connected(tls_dir, server, "authz-client", AUTHZ_POLICY_SET)
+    first = snapshot(1, ["a"])
+    assert (await server.publish(first)).acked
+    envoy.silent.update({LISTENER, ROUTE})
+
+    started = time.monotonic()
+    result = await server.publish(snapshot(2, ["a"]))
+    took = time.monotonic() - started
+
+    assert result.reason == "ACK_TIMEOUT"
+    # Returned when the deadline passed; putting the first snapshot back (which this silent client
+    # would not acknowledge either) does not delay it by a second deadline.
+    assert server.ack_timeout_s <= took < 1.5 * server.ack_timeout_s
+    envoy.silent.clear()
+    await asyncio.wait_for(server.settled(), 5)
+    for type_url in (CLUSTER, LISTENER, ROUTE, AUTHZ_POLICY_SET):
+        assert server.served_version(type_url) == first.version
+    assert server.acked_snapshot is first
+    await envoy.close()
+    await authz.close()
+
+
+async def test_a_client_not_connected_fails_the_publication_at_the_deadline_naming_it(
+    tls_dir: Path, server: AdsServer
+) -> None:
+    envoy = await connected(tls_dir, server, "envoy-client", CLUSTER, LISTENER, ROUTE)
+
+    result = await asyncio.wait_for(server.publish(snapshot(1, ["a"])), 5 * server.ack_timeout_s)
+
+    assert result.reason == "ACK_TIMEOUT"
+    assert result.missing == (AUTHZ,)
+    assert f"{AUTHZ} (not connected)" in result.detail
+    assert envoy.versions(CLUSTER) == [], "Envoy got nothing before the policy set was in force"
+    authz = await connected(tls_dir, server, "authz-client", AUTHZ_POLICY_SET)
+    assert (await asyncio.wait_for(server.publish(snapshot(2, ["a"])), 5)).acked
+    await envoy.close()
+    await authz.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from envoy.config.cluster.v3 import cluster_pb2
+from stoa_harness.wait import wait_until_async
 from stoa_link.ads import PublishResult
 from stoa_link.agent import Agent, InventoryStore
 from stoa_link.cp_client import InvalidInventory
@@ -30,6 +32,10 @@ class FakeAds:
         self.failure: PublishResult | None = None
         self.gate: asyncio.Event | None = None
         self.started = asyncio.Event()
+        self.clients = asyncio.Event()  # set: every client is connected
+
+    async def wait_for_clients(self) -> None:
+        await self.clients.wait()
 
     async def publish(self, snapshot: Snapshot) -> PublishResult:
         self.published.append(snapshot)
@@ -37,9 +43,7 @@ class FakeAds:
         if self.gate is not None:
             await self.gate.wait()
         if self.failure is not None:
-            return PublishResult(
-                False, snapshot.version, self.failure.reason, self.failure.failed_type, self.failure.detail
-            )
+            return dataclasses.replace(self.failure, version=snapshot.version)
         return PublishResult(True, snapshot.version)
 
 
@@ -227,3 +231,29 @@ def test_a_stored_inventory_of_another_schema_is_ignored_at_start(tmp_path: Path
         ' "config": {"allowedOrigins": ["*"]}}]}'
     )
     assert InventoryStore(tmp_path).load() is None
+
+
+async def test_a_publication_a_missing_client_failed_is_made_again_once_every_client_is_connected(
+    tmp_path: Path, reporter: Reporter, received: list[dict]
+) -> None:
+    ads = FakeAds()
+    envoy = "spiffe://stoa.local/envoy"
+    ads.failure = PublishResult(
+        False, "", "ACK_TIMEOUT", CLUSTER, f"no ACK within 1s for: {envoy} (not connected)", missing=(envoy,)
+    )
+    agent = make_agent(tmp_path, reporter, ads)
+    sender = asyncio.create_task(reporter.run())
+    worker = asyncio.create_task(agent.work())
+    try:
+        agent.offer(inventory(1, "a"))
+        await wait_until_async(lambda: received and received[-1]["status"] == "FAILED", 5, "FAILED reported")
+        assert envoy in received[-1]["detail"]
+        ads.failure = None
+        ads.clients.set()  # the missing client connects
+        await wait_until_async(lambda: received[-1]["status"] == "SYNCED", 5, "SYNCED reported")
+    finally:
+        worker.cancel()
+        sender.cancel()
+    assert received[-1]["generation"] == "1"
+    assert [s.generation for s in ads.published] == [1, 1]
+    assert agent.last_applied == inventory(1, "a")

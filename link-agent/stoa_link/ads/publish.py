@@ -6,8 +6,11 @@
    listener, the route configurations; their ACKs.
 3. The new clusters alone, once the routes that stopped using the others are acknowledged.
 
-A NACK or a missed ACK deadline fails the publication, and the last acknowledged snapshot is put
-back everywhere.
+A NACK or a missed ACK deadline fails the publication: the failure is returned at once (so it is
+reported when the deadline passes), and the last acknowledged snapshot is then put back everywhere in
+the background; the next publication starts once that restore has finished. A client that has no
+stream open is waited for like a silent one, up to the deadline: it is named in the failure
+(`missing`), so the caller can publish again once it connects.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ class PublishResult:
     reason: str = ""
     failed_type: str = ""
     detail: str = ""
+    # On ACK_TIMEOUT: the client identities that had no stream open when the deadline passed.
+    missing: tuple[str, ...] = ()
     # Milliseconds per stage (packing, each ACK wait), for the Link's logs.
     timings: Mapping[str, float] = field(default_factory=dict)
 
@@ -60,17 +65,35 @@ class Publisher:
         self.ack_timeout_s = ack_timeout_s
         self.acked: Snapshot | None = None
         self._lock = asyncio.Lock()
+        self._restoring: asyncio.Task[None] | None = None
 
     async def wait_for_clients(self) -> None:
+        """Until every client identity has a stream open."""
         while not all(self._streams.connected(i) for i in self._allowed):
             await self._streams.next_change(None)
+
+    def cancel_restore(self) -> None:
+        """Stop a restore under way (the server is stopping)."""
+        if self._restoring is not None:
+            self._restoring.cancel()
+            self._restoring = None
+
+    async def settled(self) -> None:
+        """Until no publication, and no restore after a failed one, is under way."""
+        async with self._lock:
+            await self._restored()
+
+    async def _restored(self) -> None:
+        if self._restoring is not None:
+            task, self._restoring = self._restoring, None
+            await task
 
     async def publish(self, snapshot: Snapshot) -> PublishResult:
         """Serve `snapshot` to every client; SYNCED-worthy only when every client ACKed every type."""
         async with self._lock:
             started = time.perf_counter()
-            await self.wait_for_clients()
-            timings: dict[str, float] = {"clients_ms": elapsed_ms(started)}
+            await self._restored()
+            timings: dict[str, float] = {"restore_wait_ms": elapsed_ms(started)}
             result = await self._apply(snapshot, timings)
             timings["publish_ms"] = elapsed_ms(started)
             result = dataclasses.replace(result, timings=timings)
@@ -92,15 +115,22 @@ class Publisher:
                     }
                 },
             )
-            await self._restore()
+            # Returned before the restore: it waits for ACKs too, and the failure must be reported
+            # when the deadline passes, not one deadline later.
+            self._restoring = asyncio.create_task(self._restore(), name="ads-restore")
             return result
 
     async def _restore(self) -> None:
+        """Put the last acknowledged snapshot back everywhere; a failure is logged, never raised."""
         if self.acked is None:
             # Nothing was ever acknowledged: stop offering the refused content to clients that connect.
             self._streams.withdraw()
             return
-        back = await self._apply(self.acked, {})
+        try:
+            back = await self._apply(self.acked, {})
+        except Exception:  # a restore crashing must not fail the next publication, which awaits it
+            log.exception("ads_restore_crashed", extra={"fields": {"version": self.acked.version}})
+            return
         if not back.acked:
             log.error(
                 "ads_restore_failed",
@@ -182,5 +212,7 @@ class Publisher:
                     if any(short(type_url) in p for p in progress.pending):
                         first_type = type_url
                         break
-                return PublishResult(False, version, "ACK_TIMEOUT", first_type, detail)
+                return PublishResult(
+                    False, version, "ACK_TIMEOUT", first_type, detail, missing=tuple(progress.missing)
+                )
             await self._streams.next_change(remaining)

@@ -74,6 +74,7 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
     async def stop(self, grace: float = 1.0) -> None:
         if self._server is not None:
+            self._publisher.cancel_restore()
             self._streams.close_all()
             await self._server.stop(grace)
             self._server = None
@@ -113,7 +114,12 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         return self._streams.event_log()
 
     async def wait_for_clients(self) -> None:
+        """Until every client identity has a stream open."""
         await self._publisher.wait_for_clients()
+
+    async def settled(self) -> None:
+        """Until no publication, and no restore after a failed one, is under way."""
+        await self._publisher.settled()
 
     async def publish(self, snapshot: Snapshot) -> PublishResult:
         """Serve `snapshot` to every client; SYNCED-worthy only when every client ACKed every type."""

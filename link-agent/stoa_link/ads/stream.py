@@ -97,6 +97,7 @@ class Progress:
 
     nack: tuple[str, str] | None  # (type URL, the client's error detail) of a refused push
     pending: list[str]  # what is still unacknowledged, readable ("RDS v1 from spiffe://…")
+    missing: list[str]  # the readers with no stream open
 
 
 def _pack(type_url: str, resources: Iterable[Message]) -> tuple[tuple[any_pb2.Any, ...], str]:
@@ -190,9 +191,11 @@ class Streams:
         """How every stream of every reader stands on each target (type URL → content digest, as
         `serve` returned it): a refusal of one, or what is not yet acknowledged."""
         pending: list[str] = []
+        missing: list[str] = []
         for identity in readers:
             streams = [s for s in self._streams.values() if s.identity == identity]
             if not streams:
+                missing.append(identity)
                 pending.append(f"{identity} (not connected)")
             for stream in streams:
                 for type_url, want in targets.items():
@@ -200,10 +203,10 @@ class Streams:
                         continue
                     state = stream.state(type_url)
                     if state.sent_digest == want and state.nack_detail is not None:
-                        return Progress((type_url, state.nack_detail), [])
+                        return Progress((type_url, state.nack_detail), [], [])
                     if not (state.sent_digest == want and state.acked_nonce == state.sent_nonce):
                         pending.append(f"{short(type_url)} {self._served[type_url].version} from {identity}")
-        return Progress(None, pending)
+        return Progress(None, pending, missing)
 
     def ack_times(self, targets: Iterable[str], readers: Iterable[str], since: float) -> dict[str, float]:
         """Per type pushed after `since` (monotonic), the slowest stream's push-to-ACK time (ms)."""
