@@ -41,6 +41,8 @@ def policy_limits(request: Request) -> ListLimits:
         origins=settings.policy_max_origins,
         headers=settings.policy_max_headers,
         addresses=settings.policy_max_addresses,
+        patterns=settings.policy_max_patterns,
+        entries=settings.policy_max_entries,
     )
 
 

@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     policy_max_origins: int = Field(default=1_000, ge=1)
     policy_max_headers: int = Field(default=1_000, ge=1)
     policy_max_addresses: int = Field(default=10_000, ge=1)
+    policy_max_patterns: int = Field(default=100, ge=1)
+    policy_max_entries: int = Field(default=256, ge=1)
 
     @field_validator("admin_tokens", "oidc_issuers", mode="before")
     @classmethod

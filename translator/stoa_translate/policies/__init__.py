@@ -14,7 +14,7 @@ from google.protobuf import message
 from stoa_translate.filters import EXT_PROC_FILTER
 from stoa_translate.policies import cors, guardrails, ip_filter, rate_limit, transform
 from stoa_translate.policies.kind import ConfigError, PolicyKind, config_json, read_config
-from stoa_translate.policies.limits import DEFAULT_LIMITS, ListLimits, check_counts
+from stoa_translate.policies.limits import DEFAULT_LIMITS, ListLimits
 
 KINDS: dict[str, PolicyKind] = {
     kind.name: kind for kind in (cors.KIND, rate_limit.KIND, ip_filter.KIND, guardrails.KIND, transform.KIND)
@@ -36,13 +36,12 @@ def accept(
 
     The write-time face of the rules the translator applies at the site: raises UnsupportedKind or
     ConfigError (naming the key), so what is accepted here is what the site accepts. Lists longer than
-    `limits` are refused before any entry is checked.
+    `limits` are refused before any of their entries is checked.
     """
     kind = KINDS.get(kind_name)
     if kind is None:
         raise UnsupportedKind(kind_name)
-    typed = read_config(kind, config)
-    check_counts(kind_name, typed, limits)
+    typed = read_config(kind, config, limits)
     return kind.normalised(kind.parse(policy_id, typed))
 
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format, message
 from google.protobuf.descriptor import FieldDescriptor
 
+from stoa_translate.policies.limits import DEFAULT_LIMITS, ListLimits, bound
+
 MAX_UINT32 = 2**32 - 1
-# Bounds on what one config may hold: each list, each text entry.
-MAX_ENTRIES = 256
+# Bound on each text entry of a config; counts of lists are `limits.ListLimits`.
 MAX_TEXT = 256
 # Bound on a free-form JSON document inside a config (a JSON Schema), serialised.
 MAX_DOCUMENT = 64 * 1024
@@ -51,42 +52,60 @@ class PolicyKind:
     extra_methods: tuple[str, ...] = ()
 
 
-def read_config(kind: PolicyKind, config: object) -> message.Message:
+def read_config(kind: PolicyKind, config: object, limits: ListLimits = DEFAULT_LIMITS) -> message.Message:
     """A JSON config (API keys, which are the message's JSON names) as the kind's typed message.
 
     Strict about JSON types (a number is not a string, a boolean is not a number), unknown keys
-    refused by name; a null is the key left out.
+    refused by name; a null is the key left out. A list or map longer than `limits` allow is refused
+    before any of its entries is read.
     """
     if not isinstance(config, Mapping):
         raise ConfigError("", "must be a JSON object")
     typed = kind.message()
-    _read(typed, config, kind.name, "")
+    _read(typed, config, _Context(kind.name, limits), "")
     return typed
 
 
-def _read(typed: message.Message, config: Mapping[str, Any], kind_name: str, prefix: str) -> None:
+@dataclass(frozen=True)
+class _Context:
+    kind_name: str
+    limits: ListLimits
+
+    def count(self, key: str, value: Sized) -> None:
+        limit, setting = bound(self.limits, self.kind_name, key)
+        if len(value) > limit:
+            raise ConfigError(key, f"has {len(value)} entries; the limit is {limit} ({setting})")
+
+
+def _read(typed: message.Message, config: Mapping[str, Any], context: _Context, prefix: str) -> None:
     by_key = {f.json_name: f for f in typed.DESCRIPTOR.fields}
     for name, value in config.items():
         key = f"{prefix}{name}"
         field = by_key.get(name)
         if field is None:
-            raise ConfigError(key, f"is not a key of a {kind_name} config (keys: {', '.join(by_key)})")
+            keys = ", ".join(by_key)
+            raise ConfigError(key, f"is not a key of a {context.kind_name} config (keys: {keys})")
         if value is None:
             continue
         if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
+            if not isinstance(value, Mapping):
+                raise ConfigError(key, "must be an object of string values")
+            context.count(key, value)
             _string_map(getattr(typed, field.name), key, value)
         elif field.type == FieldDescriptor.TYPE_MESSAGE and field.is_repeated:
-            if not isinstance(value, list) or len(value) > MAX_ENTRIES:
-                raise ConfigError(key, f"must be a list of at most {MAX_ENTRIES} objects")
+            if not isinstance(value, list):
+                raise ConfigError(key, "must be a list of objects")
+            context.count(key, value)
             for i, entry in enumerate(value):
-                _message(getattr(typed, field.name).add(), f"{key}[{i}]", entry, kind_name)
+                _message(getattr(typed, field.name).add(), f"{key}[{i}]", entry, context)
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            _message(getattr(typed, field.name), key, value, kind_name)
+            _message(getattr(typed, field.name), key, value, context)
         elif field.is_repeated:
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            if not isinstance(value, list):
                 raise ConfigError(key, "must be a list of strings")
-            if len(value) > MAX_ENTRIES:
-                raise ConfigError(key, f"must hold at most {MAX_ENTRIES} entries")
+            context.count(key, value)
+            if not all(isinstance(v, str) for v in value):
+                raise ConfigError(key, "must be a list of strings")
             for i, entry in enumerate(value):
                 _text(f"{key}[{i}]", entry)
             getattr(typed, field.name).extend(value)
@@ -94,16 +113,14 @@ def _read(typed: message.Message, config: Mapping[str, Any], kind_name: str, pre
             setattr(typed, field.name, _scalar(key, field, value))
 
 
-def _string_map(target: Any, key: str, value: object) -> None:
-    if not isinstance(value, Mapping) or len(value) > MAX_ENTRIES:
-        raise ConfigError(key, f"must be an object of at most {MAX_ENTRIES} string values")
+def _string_map(target: Any, key: str, value: Mapping[str, Any]) -> None:
     for name, entry in value.items():
         if not isinstance(entry, str):
             raise ConfigError(f"{key}.{name}", "must be a string")
         target[_text(key, name)] = _text(f"{key}.{name}", entry)
 
 
-def _message(target: message.Message, key: str, value: object, kind_name: str) -> None:
+def _message(target: message.Message, key: str, value: object, context: _Context) -> None:
     """A nested object: a free-form one (google.protobuf.Struct, e.g. a JSON Schema; Value, any JSON)
     as it is, bounded in size; a typed one by the same rules as the config itself."""
     free_form = target.DESCRIPTOR.full_name in ("google.protobuf.Struct", "google.protobuf.Value")
@@ -118,7 +135,7 @@ def _message(target: message.Message, key: str, value: object, kind_name: str) -
             raise ConfigError(key, f"is not JSON of the expected shape ({exc})") from None
         return
     target.SetInParent()
-    _read(target, value, kind_name, f"{key}.")
+    _read(target, value, context, f"{key}.")
 
 
 def _text(key: str, value: str) -> str:
