@@ -1,11 +1,13 @@
-"""`/metrics`: the CP's metrics in Prometheus text format (prometheus-client, one registry per app)."""
+"""`/metrics`: the CP's metrics in Prometheus text format (prometheus-client, one registry per app, written
+as every service writes its own: `stoa_ops.endpoint.exposition`)."""
 
 from __future__ import annotations
 
 import contextlib
 
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Gauge
+from stoa_ops.endpoint import CONTENT_TYPE, exposition
 
 from stoa_cp.dependencies import Db
 from stoa_cp.problems import Problem
@@ -25,10 +27,10 @@ class Metrics:
         )
 
 
-@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE: {}}}})
 async def metrics(request: Request, db: Db) -> Response:
     """Prometheus text format. Counts read from the database keep their last value while it is away."""
     current: Metrics = request.app.state.metrics
     with contextlib.suppress(Problem):
         current.stale_issuers.set(await issuers.count_stale(db))
-    return Response(generate_latest(current.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(exposition(current.registry), media_type=CONTENT_TYPE)
