@@ -217,7 +217,7 @@ async def _wait_ready(proc: subprocess.Popen[bytes], url: str) -> None:
                 raise GiveUp("CP process exited during start-up")
             return (await client.get("/health/ready")).status_code == 200
 
-        await wait_until_async(ready, 30, f"the CP at {url} to be ready")
+        await wait_until_async(ready, 60, f"the CP at {url} to be ready")
 
 
 @pytest.fixture

@@ -150,7 +150,7 @@ async def test_not_ready_until_policy_set_then_allows(ads_server, services, idp,
     async def not_ready():
         return (await service.ready()).status_code == 503 and await service.health() == not_serving
 
-    await wait_until_async(not_ready, 10, "service up and not ready")
+    await wait_until_async(not_ready, 30, "service up and not ready")
     token = idp.mint(tenant="acme", scope="orders:read", sub="subject-zx81")
     headers = {"authorization": f"Bearer {token}", "x-stoa-tenant-id": "forged"}
     assert (await service.check(req(headers))).denied_response.status.code == 503
