@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from stoa_ops.policy_sets import KeptVersions, Refused
 from stoa_proto import authz_pb2, inventory_pb2
 from stoa_translate.jwks import KeySetError, VerificationKey, verification_keys_json
 
 from stoa_authz import respond
 
 
-class PolicyError(Exception):
+class PolicyError(Refused):
     """The policy set is unusable; the message goes into the NACK's error_detail."""
 
 
@@ -197,31 +197,6 @@ def _compile_route(
     )
 
 
-class PolicyStore:
-    """The last few accepted policy sets, by version; a Check asks for the version its route names."""
-
-    def __init__(self, keep: int = 4, on_change: Callable[[], None] | None = None) -> None:
-        self._keep = keep
-        self._sets: OrderedDict[str, PolicySet] = OrderedDict()
-        self.on_change = on_change
-
-    def add(self, policy_set: PolicySet) -> None:
-        # Same content, same version: keep the loaded object (and its warm decision cache). The
-        # map is replaced, never mutated: Checks on other threads read it without a lock.
-        sets = OrderedDict(self._sets)
-        current = sets.pop(policy_set.version, None)
-        sets[policy_set.version] = current or policy_set
-        while len(sets) > self._keep:
-            sets.popitem(last=False)
-        self._sets = sets
-        if self.on_change:
-            self.on_change()
-
-    def get(self, version: str) -> PolicySet | None:
-        return self._sets.get(version)
-
-    def versions(self) -> list[str]:
-        return list(self._sets)
-
-    def __bool__(self) -> bool:
-        return bool(self._sets)
+class PolicyStore(KeptVersions[PolicySet]):
+    """The last few accepted policy sets, by version; a Check asks for the version its route names. A
+    set re-sent with the same version keeps the loaded object, and its warm decision cache."""

@@ -18,7 +18,7 @@ from envoy.service.auth.v3 import external_auth_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
 from stoa_ops.endpoint import OperatorEndpoint
 
-from stoa_authz.ads import PolicySubscription, channel_credentials
+from stoa_authz.ads import channel_credentials, subscribe
 from stoa_authz.check import AuthorizationService, Decider, DecisionConfig
 from stoa_authz.envelope import Envelope
 from stoa_authz.health import Readiness, authz_registry
@@ -85,7 +85,7 @@ async def serve(settings: Settings, envelope: Envelope, stop: asyncio.Event | No
         if settings.tls_files:
             ca, cert, key = (path.read_bytes() for path in settings.tls_files)
             credentials = channel_credentials(ca, cert, key)
-        subscription = PolicySubscription(settings.ads_address, store, credentials, settings.ads_server_name)
+        subscription = subscribe(settings.ads_address, store, credentials, settings.ads_server_name)
         ads_task = loop.create_task(subscription.run())
         log.info(
             "started",

@@ -15,7 +15,7 @@ from envoy.service.discovery.v3 import ads_pb2_grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
 from google.protobuf import any_pb2
 from joserfc.jwk import OKPKey, RSAKey
-from stoa_authz.ads import TYPE_URL, PolicySubscription
+from stoa_authz.ads import TYPE_URL, subscribe
 from stoa_authz.check import Decider, DecisionConfig
 from stoa_authz.envelope import Envelope
 from stoa_authz.identify import Identifier
@@ -64,9 +64,9 @@ async def next_request(fake: FakeAds):
 
 @contextlib.asynccontextmanager
 async def subscription(port: int) -> AsyncIterator[PolicyStore]:
-    """A PolicySubscription to the server on `port`, running until the block ends."""
+    """A subscription to the server on `port`, running until the block ends."""
     store = PolicyStore()
-    task = asyncio.ensure_future(PolicySubscription(f"127.0.0.1:{port}", store).run())
+    task = asyncio.ensure_future(subscribe(f"127.0.0.1:{port}", store).run())
     try:
         yield store
     finally:

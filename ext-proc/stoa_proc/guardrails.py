@@ -15,6 +15,7 @@ from typing import Any
 
 import re2
 from jsonschema import Draft202012Validator
+from stoa_ops.policy_sets import Refused
 
 from stoa_proc.reasons import Deny, Reason
 
@@ -88,7 +89,7 @@ PII_KINDS: dict[str, PiiKind] = {
 }
 
 
-class PolicyError(Exception):
+class PolicyError(Refused):
     """A guardrails config that cannot be enforced (the policy set is refused)."""
 
 

@@ -6,11 +6,10 @@ with the rules its route was published with, also while a newer set is being rol
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from google.protobuf import json_format
+from stoa_ops.policy_sets import KeptVersions
 from stoa_proto import proc_pb2
 
 from stoa_proc.guardrails import Guardrails, PolicyError, compile_guardrails
@@ -68,30 +67,5 @@ def compile_policy_set(message: proc_pb2.ProcPolicySet, default_max_body_bytes: 
     return PolicySet(message.version, routes)
 
 
-class PolicyStore:
+class PolicyStore(KeptVersions[PolicySet]):
     """The last few accepted policy sets, by version; an exchange asks for the version its route names."""
-
-    def __init__(self, keep: int = 4, on_change: Callable[[], None] | None = None) -> None:
-        self._keep = keep
-        self._sets: OrderedDict[str, PolicySet] = OrderedDict()
-        self.on_change = on_change
-
-    def add(self, policy_set: PolicySet) -> None:
-        # The map is replaced, never mutated: exchanges read it without a lock.
-        sets = OrderedDict(self._sets)
-        sets.pop(policy_set.version, None)
-        sets[policy_set.version] = policy_set
-        while len(sets) > self._keep:
-            sets.popitem(last=False)
-        self._sets = sets
-        if self.on_change:
-            self.on_change()
-
-    def get(self, version: str) -> PolicySet | None:
-        return self._sets.get(version)
-
-    def versions(self) -> list[str]:
-        return list(self._sets)
-
-    def __bool__(self) -> bool:
-        return bool(self._sets)

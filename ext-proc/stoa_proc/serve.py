@@ -16,7 +16,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
 from stoa_ops.endpoint import OperatorEndpoint
 
-from stoa_proc.ads import PolicySubscription, channel_credentials
+from stoa_proc.ads import channel_credentials, subscribe
 from stoa_proc.health import ProcCollector, Readiness
 from stoa_proc.log import DecisionLog
 from stoa_proc.policy import PolicyStore
@@ -55,7 +55,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         if settings.tls_files:
             ca, cert, key = (path.read_bytes() for path in settings.tls_files)
             credentials = channel_credentials(ca, cert, key)
-        subscription = PolicySubscription(
+        subscription = subscribe(
             settings.ads_address,
             store,
             settings.max_body_bytes,

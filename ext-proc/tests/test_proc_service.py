@@ -18,7 +18,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
 from google.protobuf import any_pb2, struct_pb2
 from stoa_harness.wait import wait_until_async
-from stoa_proc.ads import TYPE_URL, PolicySubscription
+from stoa_proc.ads import TYPE_URL, subscribe
 from stoa_proc.log import DecisionLog
 from stoa_proc.policy import PolicyStore, compile_policy_set
 from stoa_proc.process import ROUTE_METADATA, VERSION_METADATA, ProcessingService
@@ -214,10 +214,10 @@ async def test_ads_acks_a_usable_set_and_nacks_a_bad_pattern() -> None:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     store = PolicyStore()
-    task = asyncio.create_task(PolicySubscription(f"127.0.0.1:{port}", store, LIMIT).run())
+    task = asyncio.create_task(subscribe(f"127.0.0.1:{port}", store, LIMIT).run())
     try:
-        subscribe = await asyncio.wait_for(ads.requests.get(), 10)
-        assert (subscribe.type_url, subscribe.version_info) == (TYPE_URL, "")
+        first = await asyncio.wait_for(ads.requests.get(), 10)
+        assert (first.type_url, first.version_info) == (TYPE_URL, "")
         ack = await asyncio.wait_for(ads.requests.get(), 10)
         assert (ack.response_nonce, ack.version_info, ack.error_detail.message) == ("n1", "v1", "")
         nack = await asyncio.wait_for(ads.requests.get(), 10)

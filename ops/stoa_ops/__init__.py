@@ -4,5 +4,7 @@
   Prometheus text format written by prometheus-client, and any extra read-only document);
 - `logs`: the JSON-lines log format every service writes (field names in the README);
 - `address`: `host:port` parsing and the loopback check;
-- `backoff`: bounded, fully jittered exponential backoff between reconnects.
+- `backoff`: bounded, fully jittered exponential backoff between reconnects;
+- `policy_sets`: a site service's policy set over the Link's ADS (subscribe, ACK/NACK, the last few
+  accepted sets by version), for the authorization and processing services alike.
 """

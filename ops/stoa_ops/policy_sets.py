@@ -1,0 +1,206 @@
+"""A site service's policy set, as the Link serves it over ADS (state of the world): subscribed to,
+compiled, ACKed or NACKed like Envoy, and the last few accepted sets kept by version.
+
+A usable set is compiled and stored, then ACKed; an unusable one is NACKed with the reason and the sets
+already accepted stay in force. Reconnects with bounded, fully jittered exponential backoff. The
+authorization and processing services each bring their own resource type and compiler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sized
+from typing import Generic, Protocol, TypeVar
+
+import grpc
+from envoy.config.core.v3.base_pb2 import Node
+from envoy.service.discovery.v3 import ads_pb2_grpc
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
+from google.protobuf import message
+from google.rpc import code_pb2, status_pb2
+
+from stoa_ops.backoff import Backoff
+
+RESOURCE_NAME = "default"
+# Policy sets of thousands of routes are larger than grpc's default 4 MiB message limit.
+MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+
+
+class Refused(Exception):
+    """A policy set the service cannot use (NACKed with this message); each service's PolicyError."""
+
+
+class Versioned(Protocol):
+    """A compiled policy set: its version, and its routes (counted in the logs)."""
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def routes(self) -> Sized: ...
+
+
+V = TypeVar("V", bound=Versioned)
+M = TypeVar("M", bound=message.Message)
+
+
+class KeptVersions(Generic[V]):
+    """The last few accepted policy sets, by version; a request asks for the version its route names."""
+
+    def __init__(self, keep: int = 4, on_change: Callable[[], None] | None = None) -> None:
+        self._keep = keep
+        self._sets: OrderedDict[str, V] = OrderedDict()
+        self.on_change = on_change
+
+    def add(self, policy_set: V) -> None:
+        # Same content, same version: keep the loaded object (and whatever it has warmed). The map is
+        # replaced, never mutated: requests on other threads read it without a lock.
+        sets = OrderedDict(self._sets)
+        current = sets.pop(policy_set.version, None)
+        sets[policy_set.version] = current or policy_set
+        while len(sets) > self._keep:
+            sets.popitem(last=False)
+        self._sets = sets
+        if self.on_change:
+            self.on_change()
+
+    def get(self, version: str) -> V | None:
+        return self._sets.get(version)
+
+    def versions(self) -> list[str]:
+        return list(self._sets)
+
+    def __bool__(self) -> bool:
+        return bool(self._sets)
+
+
+def channel_credentials(ca: bytes, cert: bytes, key: bytes) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def the_resource(response: DiscoveryResponse, type_url: str, kind: type[M]) -> M:
+    """The one policy set of a response (the one named `default` among several); Refused otherwise."""
+    if response.type_url != type_url:
+        raise Refused(f"unexpected type {response.type_url!r}")
+    sets: list[M] = []
+    for resource in response.resources:
+        decoded = kind()
+        if resource.type_url != type_url or not resource.Unpack(decoded):
+            raise Refused(f"resource of type {resource.type_url!r} is not a {kind.DESCRIPTOR.name}")
+        sets.append(decoded)
+    named = [s for s in sets if getattr(s, "name", "") == RESOURCE_NAME] or sets  # every set has a name
+    if len(named) != 1:
+        raise Refused(f"expected one policy set named {RESOURCE_NAME!r}, got {len(sets)} resources")
+    return named[0]
+
+
+class PolicySubscription(Generic[V]):
+    """Subscribes `service` (its node id and cluster) to `type_url` at `address`; `decode` turns a
+    response into a compiled set (raising Refused, or anything it did not foresee: both are NACKs)."""
+
+    def __init__(
+        self,
+        address: str,
+        store: KeptVersions[V],
+        *,
+        service: str,
+        type_url: str,
+        decode: Callable[[DiscoveryResponse], V],
+        credentials: grpc.ChannelCredentials | None = None,
+        server_name: str = "",
+        on_change: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._address = address
+        self._store = store
+        self._type_url = type_url
+        self._decode = decode
+        self._credentials = credentials
+        self._server_name = server_name
+        self._on_change = on_change
+        self._node = Node(id=f"{service}/{socket.gethostname()}/{os.getpid()}", cluster=service)
+        self._log = logging.getLogger(f"{service.replace('-', '_')}.ads")
+        self.accepted_version_info = ""
+
+    def _channel(self) -> grpc.aio.Channel:
+        options: list[tuple[str, int | str]] = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(self._address, options=options)
+        if self._server_name:
+            options.append(("grpc.ssl_target_name_override", self._server_name))
+        return grpc.aio.secure_channel(self._address, self._credentials, options=options)
+
+    async def run(self) -> None:
+        """Forever: connect, subscribe, apply; back off with jitter between attempts."""
+        backoff = Backoff()
+        while True:
+            try:
+                if await self._stream():
+                    backoff.reset()
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                self._log.warning(
+                    "ads_stream_ended", extra={"code": exc.code().name, "detail": exc.details()}
+                )
+            except Exception:
+                self._log.exception("ads_stream_failed")
+            await asyncio.sleep(backoff.next_delay())
+
+    async def _stream(self) -> bool:
+        """One stream; True when at least one response was handled (the connection worked)."""
+        handled = False
+        async with self._channel() as channel:
+            call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources()
+            # Subscribe naming what we hold, so the server can skip re-sending an unchanged set.
+            await call.write(self._request(self.accepted_version_info))
+            while True:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    return handled
+                handled = True
+                await call.write(await self._apply(response))
+
+    async def _apply(self, response: DiscoveryResponse) -> DiscoveryRequest:
+        try:
+            policy_set = self._decode(response)
+        except Exception as exc:
+            # Anything the compiler did not foresee is a refusal too: NACK (the sets in force stay)
+            # rather than drop the stream and be sent the same set again after every reconnect.
+            if not isinstance(exc, Refused):
+                self._log.exception("policy_set_uncompilable")
+                exc = Refused(f"policy set could not be compiled: {type(exc).__name__}")
+            self._log.warning(
+                "policy_set_refused", extra={"version_info": response.version_info, "error": str(exc)}
+            )
+            return self._request(
+                self.accepted_version_info,
+                response.nonce,
+                status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=str(exc)),
+            )
+        self._store.add(policy_set)
+        if self._on_change is not None:
+            await self._on_change()
+        self.accepted_version_info = response.version_info
+        self._log.info(
+            "policy_set_accepted",
+            extra={"policy_set_version": policy_set.version, "routes": len(policy_set.routes)},
+        )
+        return self._request(response.version_info, response.nonce)
+
+    def _request(
+        self, version_info: str, nonce: str = "", error: status_pb2.Status | None = None
+    ) -> DiscoveryRequest:
+        """A request for the policy set naming the version held; an ACK or NACK adds the nonce it
+        answers, a NACK its error."""
+        return DiscoveryRequest(
+            node=self._node,
+            type_url=self._type_url,
+            resource_names=[RESOURCE_NAME],
+            version_info=version_info,
+            response_nonce=nonce,
+            error_detail=error,
+        )
