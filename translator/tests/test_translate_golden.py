@@ -18,6 +18,7 @@ from google.protobuf import json_format
 from stoa_harness.envoy import validate_config
 from stoa_proto import inventory_pb2
 from stoa_translate import TranslateOptions, Translator, ir, translate
+from stoa_translate.policies import SUPPORTED_KINDS
 from stoa_translate.refusal import FailureReason, Refusal
 from stoa_translate.snapshot import AUTHZ_POLICY_SET, CLUSTER, LISTENER, PROC_POLICY_SET, ROUTE, Snapshot
 from stoa_translate.static import static_bootstrap
@@ -123,6 +124,20 @@ def test_refusal_cases_name_the_reason_expected_by_their_name() -> None:
             translate(load_inventory(case), OPTIONS)
         reason = next(r for prefix, r in wanted.items() if case.startswith(prefix))
         assert caught.value.reason == reason, (case, caught.value)
+
+
+def kinds_of(case: str) -> set[str]:
+    return {p["type"] for p in json.loads((GOLDEN / case / "inventory.json").read_text()).get("policies", [])}
+
+
+@pytest.mark.parametrize("kind", SUPPORTED_KINDS)
+def test_every_policy_kind_has_goldens_of_its_own(kind: str) -> None:
+    """A kind comes with its goldens: a case named after it that renders it, and a refused config of
+    that kind (`refuse_bad_*`), each through both stages."""
+    rendered = [c for c in CASES if c.startswith(kind) and kind in kinds_of(c) and stages(c)[2] is not None]
+    refused = [c for c in CASES if c.startswith("refuse_bad") and kind in kinds_of(c)]
+    assert rendered, f"no golden case renders {kind}"
+    assert refused, f"no golden case refuses a {kind} config"
 
 
 def test_every_golden_case_passes_envoy_validate() -> None:
