@@ -13,33 +13,24 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import ValidationError
-from stoa_ops import logs
+from stoa_ops import logs, site_settings
 
 from stoa_authz.envelope import Envelope, SigningKeyError, load_signing_key, write_ephemeral_key
 from stoa_authz.serve import serve
-from stoa_authz.settings import ConfigError, Settings, check
+from stoa_authz.settings import Settings, check
 
 log = logging.getLogger("stoa_authz")
 
 
 def _refuse(message: str) -> int:
-    log.error(message)
-    print(f"stoa-authz: {message}", file=sys.stderr)
-    return 2
+    return site_settings.refuse("stoa-authz", log, message)
 
 
 def main() -> int:
     logs.configure()
-    try:
-        settings = Settings()
-        warnings = check(settings)
-    except ValidationError as exc:
-        return _refuse(f"invalid settings: {exc}")
-    except ConfigError as exc:
-        return _refuse(str(exc))
-    for warning in warnings:
-        log.warning(warning)
+    settings = site_settings.read("stoa-authz", log, Settings, check)
+    if isinstance(settings, int):
+        return settings
 
     ephemeral: Path | None = None
     if settings.signing_key_file is None:

@@ -25,7 +25,7 @@ from stoa_authz.health import Readiness, authz_registry
 from stoa_authz.identify import Identifier
 from stoa_authz.log import DecisionLog
 from stoa_authz.policy import PolicyStore
-from stoa_authz.settings import Settings, split_address
+from stoa_authz.settings import Settings
 
 log = logging.getLogger("stoa_authz.serve")
 
@@ -74,7 +74,7 @@ async def serve(settings: Settings, envelope: Envelope, stop: asyncio.Event | No
     readiness.publish()
     server.start()
     try:
-        host, port = split_address(settings.http_address, "http_address")
+        host, port = settings.address("http_address")
         endpoint = OperatorEndpoint(
             readiness.state,
             authz_registry(readiness, store),

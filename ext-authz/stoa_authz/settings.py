@@ -1,25 +1,21 @@
-"""Settings of the authorization service: `STOA_AUTHZ_*` environment variables plus `STOA_ENV`."""
+"""Settings of the authorization service: `STOA_AUTHZ_*` environment variables plus `STOA_ENV` (what the
+site services share is `stoa_ops.site_settings`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
-from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from stoa_ops.address import is_loopback, split_host_port
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+from stoa_ops.site_settings import ConfigError, SiteSettings
 
-
-class ConfigError(Exception):
-    """A setting that makes the service unable to enforce; start-up is refused with this message."""
+__all__ = ["ConfigError", "Settings", "check"]
 
 
-class Settings(BaseSettings):
+class Settings(SiteSettings):
     model_config = SettingsConfigDict(env_prefix="STOA_AUTHZ_", extra="ignore")
 
-    env: Literal["development", "production"] = Field(
-        default="development", validation_alias=AliasChoices("STOA_ENV")
-    )
     grpc_address: str = "127.0.0.1:9191"
     http_address: str = "127.0.0.1:9192"
     # Every token must name this audience; without it every request is denied (not_configured).
@@ -27,12 +23,6 @@ class Settings(BaseSettings):
     # Comma-separated; blank entries are kept so that production can refuse them.
     required_scopes: Annotated[list[str], NoDecode] = Field(default_factory=list)
     tenant_claim: str = "tenant_id"
-    ads_address: str = "127.0.0.1:18000"
-    # Name checked against the ADS server certificate when it differs from the address host.
-    ads_server_name: str = ""
-    tls_ca: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
     signing_key_file: Path | None = None
     identity_issuer: str = "stoa-ext-authz"
     workers: int = Field(default=1, ge=1, le=64)
@@ -41,8 +31,6 @@ class Settings(BaseSettings):
     grpc_max_concurrent_streams: int = Field(default=1000, ge=1)
     # Set by the parent for its worker processes: share the ports with SO_REUSEPORT.
     reuse_port: bool = False
-    # How many accepted policy sets stay available for routes built with an older one.
-    policy_sets_kept: int = Field(default=4, ge=1, le=64)
     token_cache_size: int = Field(default=10_000, ge=0)
     jwks_fetch_timeout_s: float = Field(default=2.0, gt=0, le=30)
     # Longest token lifetime honoured: exp - iat, or exp - now for a token without iat.
@@ -61,29 +49,13 @@ class Settings(BaseSettings):
             return [] if value.strip() == "" else [part.strip() for part in value.split(",")]
         return value
 
-    @property
-    def tls_files(self) -> tuple[Path, Path, Path] | None:
-        if self.tls_ca and self.tls_cert and self.tls_key:
-            return self.tls_ca, self.tls_cert, self.tls_key
-        return None
-
-
-def split_address(address: str, name: str) -> tuple[str, int]:
-    """`host:port` of the setting `name`; ConfigError (start-up refused) when it is not one."""
-    try:
-        return split_host_port(address, f"STOA_AUTHZ_{name.upper()}", "127.0.0.1:9191")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
 
 def check(settings: Settings) -> list[str]:
     """Raise ConfigError for settings that must refuse start-up; return warnings for the rest."""
+    refused, site_warnings = settings.site_checks()
     warnings: list[str] = []
-    production = settings.env == "production"
-    for name in ("grpc_address", "http_address", "ads_address"):
-        split_address(getattr(settings, name), name)
     blank = [s for s in settings.required_scopes if not s]
-    if production:
+    if settings.env == "production":
         problems = []
         if not settings.audience.strip():
             problems.append("STOA_AUTHZ_AUDIENCE is not set")
@@ -91,8 +63,7 @@ def check(settings: Settings) -> list[str]:
             problems.append("STOA_AUTHZ_REQUIRED_SCOPES is empty")
         if blank:
             problems.append("STOA_AUTHZ_REQUIRED_SCOPES has a blank entry")
-        if settings.tls_files is None:
-            problems.append("STOA_AUTHZ_TLS_CA, STOA_AUTHZ_TLS_CERT and STOA_AUTHZ_TLS_KEY must all be set")
+        problems.extend(refused)
         if settings.signing_key_file is None:
             problems.append("STOA_AUTHZ_SIGNING_KEY_FILE is not set")
         if problems:
@@ -104,12 +75,4 @@ def check(settings: Settings) -> list[str]:
             raise ConfigError("STOA_AUTHZ_REQUIRED_SCOPES has a blank entry")
         if not settings.required_scopes:
             warnings.append("STOA_AUTHZ_REQUIRED_SCOPES is empty: only route scopes are required")
-        if settings.tls_files is None and any((settings.tls_ca, settings.tls_cert, settings.tls_key)):
-            raise ConfigError("STOA_AUTHZ_TLS_CA, STOA_AUTHZ_TLS_CERT and STOA_AUTHZ_TLS_KEY go together")
-        if settings.tls_files is None:
-            warnings.append("no ADS client certificate configured: connecting to the ADS server without TLS")
-    for name in ("grpc_address", "http_address"):
-        host, _ = split_address(getattr(settings, name), name)
-        if not is_loopback(host):
-            warnings.append(f"{name} {getattr(settings, name)} is not loopback and has no TLS of its own")
-    return warnings
+    return warnings + site_warnings

@@ -6,36 +6,23 @@ import asyncio
 import logging
 import sys
 
-from pydantic import ValidationError
-from stoa_ops import logs
+from stoa_ops import logs, site_settings
 
 from stoa_proc.serve import serve
-from stoa_proc.settings import ConfigError, Settings, check
+from stoa_proc.settings import Settings, check
 
 log = logging.getLogger("stoa_proc")
 
 
-def _refuse(message: str) -> int:
-    log.error(message)
-    print(f"stoa-proc: {message}", file=sys.stderr)
-    return 2
-
-
 def main() -> int:
     logs.configure()
-    try:
-        settings = Settings()
-        warnings = check(settings)
-    except ValidationError as exc:
-        return _refuse(f"invalid settings: {exc}")
-    except ConfigError as exc:
-        return _refuse(str(exc))
-    for warning in warnings:
-        log.warning(warning)
+    settings = site_settings.read("stoa-proc", log, Settings, check)
+    if isinstance(settings, int):
+        return settings
     try:
         asyncio.run(serve(settings))
     except OSError as exc:
-        return _refuse(f"cannot start: {exc}")
+        return site_settings.refuse("stoa-proc", log, f"cannot start: {exc}")
     return 0
 
 

@@ -21,7 +21,7 @@ from stoa_proc.health import ProcCollector, Readiness
 from stoa_proc.log import DecisionLog
 from stoa_proc.policy import PolicyStore
 from stoa_proc.process import ProcessingService
-from stoa_proc.settings import Settings, split_address
+from stoa_proc.settings import Settings
 
 log = logging.getLogger("stoa_proc.serve")
 
@@ -48,7 +48,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     await readiness.publish()
     await server.start()
     try:
-        host, port = split_address(settings.http_address, "http_address")
+        host, port = settings.address("http_address")
         decisions.registry.register(ProcCollector(store))
         http = await OperatorEndpoint(readiness.state, decisions.registry).start(host, port)
         credentials = None

@@ -6,5 +6,6 @@
 - `address`: `host:port` parsing and the loopback check;
 - `backoff`: bounded, fully jittered exponential backoff between reconnects;
 - `policy_sets`: a site service's policy set over the Link's ADS (subscribe, ACK/NACK, the last few
-  accepted sets by version), for the authorization and processing services alike.
+  accepted sets by version), for the authorization and processing services alike;
+- `site_settings`: the settings those two services share, their start-up checks, and reading them.
 """

@@ -1,0 +1,108 @@
+"""What the site services' settings share (the authorization and the processing service): the
+environment, their gRPC and HTTP addresses, the Link's ADS address and the TLS files for it, how many
+policy sets they keep; the start-up checks on those; and reading the settings at start-up.
+
+Each service subclasses `SiteSettings` with its `env_prefix` and its own defaults and fields.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from pydantic import AliasChoices, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from stoa_ops.address import is_loopback, split_host_port
+
+
+class ConfigError(Exception):
+    """A setting that makes the service unable to enforce; start-up is refused with this message."""
+
+
+class SiteSettings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore")
+
+    env: Literal["development", "production"] = Field(
+        default="development", validation_alias=AliasChoices("STOA_ENV")
+    )
+    grpc_address: str
+    http_address: str
+    ads_address: str = "127.0.0.1:18000"
+    # Name checked against the ADS server certificate when it differs from the address host.
+    ads_server_name: str = ""
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # How many accepted policy sets stay available for routes built with an older one.
+    policy_sets_kept: int = Field(default=4, ge=1, le=64)
+
+    @property
+    def prefix(self) -> str:
+        return str(self.model_config.get("env_prefix", ""))
+
+    @property
+    def tls_files(self) -> tuple[Path, Path, Path] | None:
+        if self.tls_ca and self.tls_cert and self.tls_key:
+            return self.tls_ca, self.tls_cert, self.tls_key
+        return None
+
+    def address(self, name: str) -> tuple[str, int]:
+        """`host:port` of the address setting `name`; ConfigError (start-up refused) when it is not one."""
+        try:
+            return split_host_port(getattr(self, name), f"{self.prefix}{name.upper()}", self.grpc_address)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def site_checks(self) -> tuple[list[str], list[str]]:
+        """(what production refuses, warnings). Raises ConfigError for an address that is not
+        `host:port` and for TLS files given in part."""
+        for name in ("grpc_address", "http_address", "ads_address"):
+            self.address(name)
+        p = self.prefix
+        if self.tls_files is None and any((self.tls_ca, self.tls_cert, self.tls_key)):
+            raise ConfigError(f"{p}TLS_CA, {p}TLS_CERT and {p}TLS_KEY go together")
+        refused: list[str] = []
+        warnings: list[str] = []
+        if self.tls_files is None:
+            if self.env == "production":
+                refused.append(f"{p}TLS_CA, {p}TLS_CERT and {p}TLS_KEY must all be set")
+            else:
+                warnings.append(
+                    "no ADS client certificate configured: connecting to the ADS server without TLS"
+                )
+        for name in ("grpc_address", "http_address"):
+            host, _ = self.address(name)
+            if not is_loopback(host):
+                warnings.append(f"{name} {getattr(self, name)} is not loopback and has no TLS of its own")
+        return refused, warnings
+
+
+S = TypeVar("S", bound=SiteSettings)
+
+
+def refuse(program: str, log: logging.Logger, message: str) -> int:
+    """Log and print why start-up is refused; the exit code."""
+    log.error(message)
+    print(f"{program}: {message}", file=sys.stderr)
+    return 2
+
+
+def read(
+    program: str, log: logging.Logger, settings_type: type[S], check: Callable[[S], list[str]]
+) -> S | int:
+    """The settings from the environment, checked, their warnings logged; or the exit code of a
+    refused start-up (the reason logged and printed)."""
+    try:
+        settings = settings_type()
+        warnings = check(settings)
+    except ValidationError as exc:
+        return refuse(program, log, f"invalid settings: {exc}")
+    except ConfigError as exc:
+        return refuse(program, log, str(exc))
+    for warning in warnings:
+        log.warning(warning)
+    return settings
