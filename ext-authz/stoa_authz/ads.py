@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
-from stoa_ops.policy_sets import PolicySubscription, channel_credentials, the_resource
+from stoa_ops.policy_sets import PolicySubscription, the_resource
 from stoa_proto import authz_pb2
 
 from stoa_authz.policy import PolicySet, PolicyStore, compile_policy_set
 
 TYPE_URL = "type.googleapis.com/stoa.authz.v1.AuthzPolicySet"
 
-__all__ = ["TYPE_URL", "channel_credentials", "decode", "subscribe"]
+__all__ = ["TYPE_URL", "decode", "subscribe"]
 
 
 def decode(response: DiscoveryResponse) -> PolicySet:

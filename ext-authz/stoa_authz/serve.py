@@ -8,17 +8,16 @@ endpoints and signal handling run on the asyncio loop of the main thread.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 from concurrent import futures
 
 import grpc
 from envoy.service.auth.v3 import external_auth_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
 from stoa_ops.endpoint import OperatorEndpoint
+from stoa_ops.lifecycle import run_until_stopped, stop_on_signals
 
-from stoa_authz.ads import channel_credentials, subscribe
+from stoa_authz.ads import subscribe
 from stoa_authz.check import AuthorizationService, Decider, DecisionConfig
 from stoa_authz.envelope import Envelope
 from stoa_authz.health import Readiness, authz_registry
@@ -46,10 +45,7 @@ def grpc_server(settings: Settings) -> grpc.Server:
 
 async def serve(settings: Settings, envelope: Envelope, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(stop)
 
     store = PolicyStore(keep=settings.policy_sets_kept)
     readiness = Readiness(bool(settings.audience), store)
@@ -81,28 +77,15 @@ async def serve(settings: Settings, envelope: Envelope, stop: asyncio.Event | No
             {"/.well-known/jwks.json": ("application/json", envelope.jwks)},
         )
         http = await endpoint.start(host, port, settings.reuse_port)
-        credentials = None
-        if settings.tls_files:
-            ca, cert, key = (path.read_bytes() for path in settings.tls_files)
-            credentials = channel_credentials(ca, cert, key)
-        subscription = subscribe(settings.ads_address, store, credentials, settings.ads_server_name)
-        ads_task = loop.create_task(subscription.run())
-        log.info(
-            "started",
-            extra={
-                "grpc_address": settings.grpc_address,
-                "http_address": settings.http_address,
-                "kid": envelope.kid,
-            },
+        subscription = subscribe(
+            settings.ads_address, store, settings.ads_credentials(), settings.ads_server_name
         )
-        try:
-            await stop.wait()
-        finally:
-            ads_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ads_task
-            http.close()
-            await http.wait_closed()
+        started = {
+            "grpc_address": settings.grpc_address,
+            "http_address": settings.http_address,
+            "kid": envelope.kid,
+        }
+        await run_until_stopped(stop, subscription, http, log, started)
     finally:
         await asyncio.to_thread(server.stop(grace=1).wait)
         # After the last Check: every decision's event is written before the process exits.

@@ -11,14 +11,14 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
-from stoa_ops.policy_sets import PolicySubscription, channel_credentials, the_resource
+from stoa_ops.policy_sets import PolicySubscription, the_resource
 from stoa_proto import proc_pb2
 
 from stoa_proc.policy import PolicySet, PolicyStore, compile_policy_set
 
 TYPE_URL = "type.googleapis.com/stoa.proc.v1.ProcPolicySet"
 
-__all__ = ["TYPE_URL", "channel_credentials", "decode", "subscribe"]
+__all__ = ["TYPE_URL", "decode", "subscribe"]
 
 
 def decode(response: DiscoveryResponse, default_max_body_bytes: int) -> PolicySet:

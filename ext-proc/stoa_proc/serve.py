@@ -7,16 +7,15 @@ for many seconds), so a thread per stream, as the synchronous server would hold,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
 from stoa_ops.endpoint import OperatorEndpoint
+from stoa_ops.lifecycle import run_until_stopped, stop_on_signals
 
-from stoa_proc.ads import channel_credentials, subscribe
+from stoa_proc.ads import subscribe
 from stoa_proc.health import ProcCollector, Readiness
 from stoa_proc.log import DecisionLog
 from stoa_proc.policy import PolicyStore
@@ -28,10 +27,7 @@ log = logging.getLogger("stoa_proc.serve")
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(stop)
 
     store = PolicyStore(keep=settings.policy_sets_kept)
     readiness = Readiness(store)
@@ -51,29 +47,15 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         host, port = settings.address("http_address")
         decisions.registry.register(ProcCollector(store))
         http = await OperatorEndpoint(readiness.state, decisions.registry).start(host, port)
-        credentials = None
-        if settings.tls_files:
-            ca, cert, key = (path.read_bytes() for path in settings.tls_files)
-            credentials = channel_credentials(ca, cert, key)
         subscription = subscribe(
             settings.ads_address,
             store,
             settings.max_body_bytes,
-            credentials,
+            settings.ads_credentials(),
             settings.ads_server_name,
             on_change=readiness.publish,
         )
-        ads_task = loop.create_task(subscription.run())
-        log.info(
-            "started", extra={"grpc_address": settings.grpc_address, "http_address": settings.http_address}
-        )
-        try:
-            await stop.wait()
-        finally:
-            ads_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ads_task
-            http.close()
-            await http.wait_closed()
+        started = {"grpc_address": settings.grpc_address, "http_address": settings.http_address}
+        await run_until_stopped(stop, subscription, http, log, started)
     finally:
         await server.stop(grace=1)

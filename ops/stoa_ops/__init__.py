@@ -7,5 +7,6 @@
 - `backoff`: bounded, fully jittered exponential backoff between reconnects;
 - `policy_sets`: a site service's policy set over the Link's ADS (subscribe, ACK/NACK, the last few
   accepted sets by version), for the authorization and processing services alike;
-- `site_settings`: the settings those two services share, their start-up checks, and reading them.
+- `site_settings`: the settings those two services share, their start-up checks, and reading them;
+- `lifecycle`: how those two run until SIGTERM/SIGINT and stop what they started.
 """

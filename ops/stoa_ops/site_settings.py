@@ -13,10 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, TypeVar
 
+import grpc
 from pydantic import AliasChoices, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stoa_ops.address import is_loopback, split_host_port
+from stoa_ops.policy_sets import channel_credentials
 
 
 class ConfigError(Exception):
@@ -49,6 +51,13 @@ class SiteSettings(BaseSettings):
         if self.tls_ca and self.tls_cert and self.tls_key:
             return self.tls_ca, self.tls_cert, self.tls_key
         return None
+
+    def ads_credentials(self) -> grpc.ChannelCredentials | None:
+        """TLS for the ADS stream from the three files, or None (plain, development only)."""
+        if self.tls_files is None:
+            return None
+        ca, cert, key = (path.read_bytes() for path in self.tls_files)
+        return channel_credentials(ca, cert, key)
 
     def address(self, name: str) -> tuple[str, int]:
         """`host:port` of the address setting `name`; ConfigError (start-up refused) when it is not one."""
