@@ -19,7 +19,7 @@ from stoa_proto import inventory_pb2
 from stoa_translate import TranslateOptions, Translator
 from stoa_translate.refusal import FailureReason, Refusal
 from stoa_translate.snapshot import ENVOY_TYPES, SITE_SERVICE_TYPES, Snapshot
-from stoa_translate.static import static_bootstrap
+from stoa_translate.static import static_bootstrap, validate_command
 
 from stoa_cp.problems import Problem
 from stoa_cp.schemas import Preview, PreviewRefusal, PreviewValidation
@@ -85,16 +85,7 @@ async def validate(binary: str, snapshot: Snapshot) -> PreviewValidation:
         path = Path(tmp) / "bootstrap.json"
         path.write_text(json.dumps(static_bootstrap({"preview": (snapshot, 10000)})))
         process = await asyncio.create_subprocess_exec(
-            binary,
-            "--mode",
-            "validate",
-            "-c",
-            str(path),
-            "-l",
-            "error",
-            # Its own shared-memory id: a validating Envoy must not collide with a running one.
-            "--base-id",
-            str(abs(hash(tmp)) % 60000 + 1),
+            *validate_command(binary, str(path), abs(hash(tmp)) % 59999 + 1),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import httpx
+from stoa_translate.static import validate_command
 
 from stoa_harness.processes import SupervisedProcess
 
@@ -57,17 +58,7 @@ def validate_config(config: Mapping[str, Any] | str | Path, timeout: float = 60.
         else:
             path = Path(config)
         proc = subprocess.run(
-            [
-                envoy_binary(),
-                "--mode",
-                "validate",
-                "-c",
-                str(path),
-                "-l",
-                "error",
-                "--base-id",
-                str(os.getpid() % 60000),
-            ],
+            validate_command(envoy_binary(), str(path), os.getpid()),
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -24,6 +24,12 @@ _SEGMENT = re.compile(r"^[A-Za-z0-9\-._~!$&'()*+,;=:@%]+$")
 _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 _IP_LIKE = re.compile(r"^[0-9.]+$|:")
 _SCOPE = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]+$")  # RFC 6749 scope-token characters
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an RFC 9110 token
+
+
+def is_header_name(name: str, *, lower_case: bool = False) -> bool:
+    """An HTTP header name (a token); with `lower_case`, only as HTTP/2 and Envoy's mutations write it."""
+    return bool(_HEADER_NAME.match(name)) and (not lower_case or name == name.lower())
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ generation that changes nothing the service decides on keeps the same version, s
 from __future__ import annotations
 
 import hashlib
+from typing import TypeVar
 
 from stoa_proto import authz_pb2, inventory_pb2, proc_pb2
 
@@ -16,6 +17,7 @@ from stoa_translate.ir import SiteIR
 from stoa_translate.policies import PROCESSING_KINDS
 
 POLICY_SET_NAME = "default"
+PolicySetT = TypeVar("PolicySetT", authz_pb2.AuthzPolicySet, proc_pb2.ProcPolicySet)
 
 
 def render_policy_set(site: SiteIR) -> authz_pb2.AuthzPolicySet:
@@ -39,12 +41,7 @@ def render_policy_set(site: SiteIR) -> authz_pb2.AuthzPolicySet:
             for i in site.issuers
         ],
     )
-    version = hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()[:16]
-    content.name = POLICY_SET_NAME
-    content.version = version
-    content.gateway_id = site.gateway_id
-    content.generation = site.generation
-    return content
+    return _stamped(content, site)
 
 
 def render_proc_policy_set(site: SiteIR) -> proc_pb2.ProcPolicySet:
@@ -60,9 +57,14 @@ def render_proc_policy_set(site: SiteIR) -> proc_pb2.ProcPolicySet:
             if ir is not None:
                 # The member of ProcRoute named like the kind holds its rules.
                 getattr(entry, name).CopyFrom(ir.message())
-    version = hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()[:16]
+    return _stamped(content, site)
+
+
+def _stamped(content: PolicySetT, site: SiteIR) -> PolicySetT:
+    """`content` named and versioned by its content alone (the same routes, the same version whatever
+    the generation), then told its gateway and generation."""
+    content.version = hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()[:16]
     content.name = POLICY_SET_NAME
-    content.version = version
     content.gateway_id = site.gateway_id
     content.generation = site.generation
     return content

@@ -51,3 +51,9 @@ def static_bootstrap(
             "address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
         }
     return bootstrap
+
+
+def validate_command(binary: str, bootstrap: str, base_id: int) -> list[str]:
+    """`envoy --mode validate` of the bootstrap file, errors only, with its own shared-memory id
+    (`base_id`, taken modulo 60,000) so that it cannot collide with an Envoy running on the machine."""
+    return [binary, "--mode", "validate", "-c", bootstrap, "-l", "error", "--base-id", str(base_id % 60000)]

@@ -21,7 +21,6 @@ from stoa_translate.policies.kind import ConfigError, PolicyKind
 _EXACT_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:\d{1,5})?$|^https?://\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
 # Any subdomain of a domain of at least two labels, at any depth.
 _WILDCARD_ORIGIN = re.compile(r"^https?://\*(\.[A-Za-z0-9-]+){2,}(:\d{1,5})?$")
-_HEADER = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ def parse(policy_id: str, config: inventory_pb2.CorsPolicy) -> Cors:
         ("exposeHeaders", config.expose_headers),
     ):
         for i, header in enumerate(headers):
-            if not _HEADER.match(header):
+            if not fields.is_header_name(header):
                 raise ConfigError(f"{key}[{i}]", "must be an HTTP header name")
     if config.allow_credentials and "*" in config.allowed_origins:
         raise ConfigError("allowCredentials", "cannot be true when allowedOrigins contains '*'")

@@ -18,11 +18,11 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from google.protobuf import json_format
 from stoa_proto import proc_pb2
 
+from stoa_translate.fields import is_header_name
 from stoa_translate.filters import EXT_PROC_FILTER, PROC_ROUTE_METADATA, ext_proc_filter
 from stoa_translate.policies.kind import ConfigError, PolicyKind
 
 OPS = ("set", "remove", "rename")
-_HEADER = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
 # What no transform may touch: the request line, framing, and the identity the gateway vouches for.
 _PROTECTED = re.compile(r"^(:.*|host|content-length|transfer-encoding|x-stoa-.*)$")
 _POINTER = re.compile(r"^(/([^~/]|~[01])*)+$")
@@ -75,7 +75,7 @@ class Transform:
 
 def _side(name: str, config: proc_pb2.TransformSide) -> Side:
     for header in (*config.headers.set, *config.headers.remove):
-        if not _HEADER.match(header):
+        if not is_header_name(header, lower_case=True):
             raise ConfigError(f"{name}.headers", f"{header!r} is not a lower-case header name")
         if _PROTECTED.match(header):
             raise ConfigError(f"{name}.headers", f"{header!r} is not a header a transform may change")
