@@ -5,8 +5,7 @@ the setting, and comes before any entry is read."""
 from __future__ import annotations
 
 import pytest
-from stoa_translate.policies import SUPPORTED_KINDS, ConfigError, ListLimits, accept, accept_json
-from stoa_translate.policies.limits import BOUNDED_LISTS
+from stoa_translate.policies import KINDS, ConfigError, ListLimits, accept, accept_json
 
 SMALL = ListLimits(origins=2, headers=2, addresses=3, patterns=1, entries=2)
 
@@ -59,5 +58,9 @@ def test_the_defaults_are_the_documented_ones_and_reachable() -> None:
     assert len(accept_json("ip_filter", "p", {"mode": "deny", "ip_list": addresses})["ip_list"]) == 10_000
 
 
-def test_every_named_list_belongs_to_a_supported_kind() -> None:
-    assert {kind for kind, _ in BOUNDED_LISTS} <= set(SUPPORTED_KINDS)
+def test_every_named_list_is_a_key_of_its_kind_and_has_a_limit() -> None:
+    for kind in KINDS.values():
+        keys = {f.json_name for f in kind.message.DESCRIPTOR.fields}
+        for key, attribute in kind.list_limits.items():
+            assert key in keys, (kind.name, key)
+            assert isinstance(getattr(ListLimits(), attribute), int), (kind.name, attribute)

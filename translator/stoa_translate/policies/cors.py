@@ -127,4 +127,5 @@ KIND = PolicyKind(
     listener_filter,
     route_config,
     extra_methods=("OPTIONS",),
+    list_limits={"allowedOrigins": "origins", "allowedHeaders": "headers", "exposeHeaders": "headers"},
 )

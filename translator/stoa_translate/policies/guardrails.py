@@ -126,5 +126,12 @@ def route_config(route_id: str, rules: Guardrails) -> ext_proc_pb2.ExtProcPerRou
 
 
 KIND = PolicyKind(
-    "guardrails", EXT_PROC_FILTER, proc_pb2.Guardrails, parse, normalised, ext_proc_filter, route_config
+    "guardrails",
+    EXT_PROC_FILTER,
+    proc_pb2.Guardrails,
+    parse,
+    normalised,
+    ext_proc_filter,
+    route_config,
+    list_limits={"blockPatterns": "patterns"},
 )

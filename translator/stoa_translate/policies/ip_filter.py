@@ -97,4 +97,5 @@ KIND = PolicyKind(
     normalised,
     listener_filter,
     route_config,
+    list_limits={"ip_list": "addresses"},
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from google.protobuf import json_format, message
@@ -39,7 +39,9 @@ class PolicyKind:
     - `listener_filter`: the HTTP filter it needs on the listener (once, whatever the number of
       routes using it), inert until a route's per-route config switches it on;
     - `route_config`: (route id, IR) → the typed_per_filter_config it puts on that route's entries;
-    - `extra_methods`: methods a method-constrained route must also match while the kind applies.
+    - `extra_methods`: methods a method-constrained route must also match while the kind applies;
+    - `list_limits`: its lists bounded by a limit of their own (JSON key → `limits.ListLimits`
+      attribute); any other list of its config is bounded by `entries`.
     """
 
     name: str
@@ -50,6 +52,7 @@ class PolicyKind:
     listener_filter: Callable[[], message.Message]
     route_config: Callable[[str, Any], message.Message]
     extra_methods: tuple[str, ...] = ()
+    list_limits: Mapping[str, str] = field(default_factory=dict)
 
 
 def read_config(kind: PolicyKind, config: object, limits: ListLimits = DEFAULT_LIMITS) -> message.Message:
@@ -62,17 +65,17 @@ def read_config(kind: PolicyKind, config: object, limits: ListLimits = DEFAULT_L
     if not isinstance(config, Mapping):
         raise ConfigError("", "must be a JSON object")
     typed = kind.message()
-    _read(typed, config, _Context(kind.name, limits), "")
+    _read(typed, config, _Context(kind, limits), "")
     return typed
 
 
 @dataclass(frozen=True)
 class _Context:
-    kind_name: str
+    kind: PolicyKind
     limits: ListLimits
 
     def count(self, key: str, value: Sized) -> None:
-        limit, setting = bound(self.limits, self.kind_name, key)
+        limit, setting = bound(self.limits, self.kind.list_limits, key)
         if len(value) > limit:
             raise ConfigError(key, f"has {len(value)} entries; the limit is {limit} ({setting})")
 
@@ -84,7 +87,7 @@ def _read(typed: message.Message, config: Mapping[str, Any], context: _Context, 
         field = by_key.get(name)
         if field is None:
             keys = ", ".join(by_key)
-            raise ConfigError(key, f"is not a key of a {context.kind_name} config (keys: {keys})")
+            raise ConfigError(key, f"is not a key of a {context.kind.name} config (keys: {keys})")
         if value is None:
             continue
         if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:

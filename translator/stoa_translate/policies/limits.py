@@ -5,11 +5,13 @@ valid CORS policy of 524,288 origins (10 MiB) made another tenant's one-route ch
 instead of ~0.1 s and grew the Link to ~600 MiB.
 
 `stoa_translate.policies.kind.read_config` applies it to each list and map as it reads a config, before
-any of its entries; the CP's settings set the numbers (`policy_max_<attribute>`), a refusal names the
+any of its entries; each kind names its own bounded lists (`PolicyKind.list_limits`), the CP's settings set
+the numbers (`policy_max_<attribute>`), a refusal names the
 list and the setting."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -26,17 +28,10 @@ class ListLimits:
 
 DEFAULT_LIMITS = ListLimits()
 
-# (kind, JSON key, the ListLimits attribute bounding it); a list not named here is bounded by `entries`.
-BOUNDED_LISTS: dict[tuple[str, str], str] = {
-    ("cors", "allowedOrigins"): "origins",
-    ("cors", "allowedHeaders"): "headers",
-    ("cors", "exposeHeaders"): "headers",
-    ("ip_filter", "ip_list"): "addresses",
-    ("guardrails", "blockPatterns"): "patterns",
-}
 
-
-def bound(limits: ListLimits, kind_name: str, key: str) -> tuple[int, str]:
-    """(how many entries the list `key` of a `kind_name` config may hold, the setting that says so)."""
-    attribute = BOUNDED_LISTS.get((kind_name, key), "entries")
+def bound(limits: ListLimits, bounded: Mapping[str, str], key: str) -> tuple[int, str]:
+    """(how many entries the list `key` of a config may hold, the setting that says so). `bounded` is
+    the kind's own `list_limits` (JSON key → ListLimits attribute); any other list is bounded by
+    `entries`."""
+    attribute = bounded.get(key, "entries")
     return getattr(limits, attribute), f"policy_max_{attribute}"
