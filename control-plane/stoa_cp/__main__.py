@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from stoa_ops import logs
 
 from stoa_cp.app import create_app
+from stoa_cp.permissions import SigningKeyError
 from stoa_cp.settings import Settings
 
 
@@ -19,8 +20,12 @@ def main() -> None:
         sys.exit(f"stoa-cp: invalid settings:\n{exc}")
     logs.configure(settings.log_level)
     # SSE streams never end by themselves: bound the graceful shutdown so a stop is prompt.
+    try:
+        app = create_app(settings)
+    except (SigningKeyError, OSError, ValueError) as exc:
+        sys.exit(f"stoa-cp: cannot load the tool-permission signing keys: {exc}")
     uvicorn.run(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

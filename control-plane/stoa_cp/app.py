@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 
-from stoa_cp import problems, trust
+from stoa_cp import permissions, problems, trust
 from stoa_cp.access import Authentication, on_taken
 from stoa_cp.events import InventoryEvents
 from stoa_cp.principal import Authenticator
@@ -27,6 +28,7 @@ from stoa_cp.routers import (
     policies,
     preview,
     tenants,
+    tools,
 )
 from stoa_cp.schemas import unstorable
 from stoa_cp.settings import Settings
@@ -67,24 +69,38 @@ def create_app(settings: Settings) -> FastAPI:
         async with app.state.db.transaction() as conn:
             await policy_store.adopt_typed_configs(conn)
         app.state.events = InventoryEvents(settings.database_url)
-        refresher: asyncio.Task[None] | None = None
+        background: list[asyncio.Task[None]] = []
         try:
             await app.state.events.start()
-            refresher = asyncio.create_task(
-                trust.refresh_forever(
-                    app.state.db,
-                    settings.jwks_refresh_s,
-                    settings.jwks_fetch_timeout_s,
-                    settings.issuer_stale_after_s,
-                ),
-                name="stoa-cp-jwks-refresh",
+            background.append(
+                asyncio.create_task(
+                    trust.refresh_forever(
+                        app.state.db,
+                        settings.jwks_refresh_s,
+                        settings.jwks_fetch_timeout_s,
+                        settings.issuer_stale_after_s,
+                    ),
+                    name="stoa-cp-jwks-refresh",
+                )
             )
+            if app.state.signer is not None:
+                background.append(
+                    asyncio.create_task(
+                        permissions.keep_forever(
+                            app.state.db,
+                            app.state.signer,
+                            app.state.events.any_change,
+                            settings.mcp_permissions_check_s,
+                        ),
+                        name="stoa-cp-tool-permissions",
+                    )
+                )
             yield
         finally:
-            if refresher is not None:
-                refresher.cancel()
+            for task in background:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await refresher
+                    await task
             await app.state.events.stop()
             await app.state.db.close()
 
@@ -96,6 +112,15 @@ def create_app(settings: Settings) -> FastAPI:
         dependencies=[Depends(storable_path)],
     )
     app.state.settings = settings
+    app.state.signer = (
+        permissions.Signer(
+            Path(settings.mcp_signing_key_dir),
+            settings.mcp_permissions_issuer,
+            settings.mcp_permissions_lifetime_s,
+        )
+        if settings.mcp_signing_key_dir
+        else None
+    )
     app.state.inventory_cache = InventoryCache()
     app.state.metrics = metrics.Metrics()
     problems.install(app)
@@ -109,8 +134,9 @@ def create_app(settings: Settings) -> FastAPI:
     )
     # Outermost: callers are authenticated before anything reads, limits or parses a body.
     app.add_middleware(Authentication, authenticator=Authenticator(settings))
-    for module in (tenants, apis, bulk, gateways, preview, issuers, link, health, metrics, audit):
+    for module in (tenants, apis, bulk, gateways, preview, issuers, link, health, metrics, audit, tools):
         app.include_router(module.router)
+    app.include_router(tools.keys_router)
     app.include_router(policies.tenant_router)
     app.include_router(policies.gateway_router)
     return app

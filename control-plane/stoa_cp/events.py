@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import asyncpg
 from stoa_ops.backoff import Backoff
 
+from stoa_cp.store import tool_permissions
 from stoa_cp.store.publication import CHANNEL, parse_payload
 
 log = logging.getLogger("stoa_cp")
@@ -28,6 +29,8 @@ class InventoryEvents:
         self._subscribers: dict[str, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
         self.listening = asyncio.Event()
+        # Set on every change of any gateway (then replaced): what the permissions keeper waits on.
+        self._any_change = asyncio.Event()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._listen_forever(), name="stoa-cp-listen")
@@ -54,6 +57,18 @@ class InventoryEvents:
                 if not subscribers:
                     del self._subscribers[gateway_id]
 
+    def any_change(self) -> asyncio.Event:
+        """An event set at the next change of any gateway."""
+        return self._any_change
+
+    def _changed(self) -> None:
+        self._any_change.set()
+        self._any_change = asyncio.Event()
+
+    def _on_permissions(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        # A new signed artifact: the gateway's streams send it (no generation moved).
+        self._wake(str(payload))
+
     def _wake(self, gateway_id: str) -> None:
         for wake in self._subscribers.get(gateway_id, ()):
             wake.set()
@@ -67,6 +82,7 @@ class InventoryEvents:
         if parsed is not None:
             log.info("inventory_notified", extra={"fields": {"gateway": parsed[0], "generation": parsed[1]}})
             self._wake(parsed[0])
+            self._changed()
 
     async def _listen_forever(self) -> None:
         backoff = Backoff(base_s=0.2, cap_s=5.0)
@@ -76,10 +92,12 @@ class InventoryEvents:
                 # Named, so an operator (or a test) can tell the listening connection in pg_stat_activity.
                 conn = await asyncpg.connect(self._dsn, server_settings={"application_name": LISTENER_NAME})
                 await conn.add_listener(CHANNEL, self._on_notify)
+                await conn.add_listener(tool_permissions.CHANNEL, self._on_permissions)
                 backoff.reset()
                 self.listening.set()
                 # Changes committed while we were not listening: let every stream re-check.
                 self._wake_all()
+                self._changed()
                 while True:
                     await asyncio.sleep(self._health_interval_s)
                     await asyncio.wait_for(conn.execute("SELECT 1"), timeout=self._health_interval_s)

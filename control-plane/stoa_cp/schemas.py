@@ -12,11 +12,16 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     StringConstraints,
+    ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
+from pydantic_core import InitErrorDetails
 from stoa_translate import fields
+from stoa_translate import tools as tool_rules
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
@@ -128,11 +133,52 @@ class ApiAuth(Strict):
 
 class ApiFields(Strict):
     name: Name
-    upstream_url: UpstreamUrl
+    # "http": proxied to upstream_url; "mcp": an MCP route answered by the site's MCP module with the
+    # tools of the API's tenant (no upstream_url; identity from the signed envelope, so always a token).
+    kind: Literal["http", "mcp"] = "http"
+    upstream_url: UpstreamUrl | None = None
     path_prefix: PathPrefix | None = None
     methods: Methods
     timeout_ms: int | None = Field(default=None, ge=1, le=3_600_000)
     auth: ApiAuth = Field(default_factory=ApiAuth)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _upstream_of_http(cls, data: Any, handler: ModelWrapValidatorHandler[ApiFields]) -> ApiFields:
+        """An HTTP API's upstream_url is required: named as missing with the other missing fields."""
+        missing = (
+            isinstance(data, dict) and data.get("kind", "http") == "http" and data.get("upstream_url") is None
+        )
+        error: InitErrorDetails = {"type": "missing", "loc": ("upstream_url",), "input": data}
+        try:
+            model = handler(data)
+        except ValidationError as exc:
+            if not missing:
+                raise
+            details: list[InitErrorDetails] = [
+                {k: v for k, v in e.items() if k in ("type", "loc", "input", "ctx")}  # type: ignore[misc]
+                for e in exc.errors()
+            ]
+            raise ValidationError.from_exception_data(exc.title, [*details, error]) from None
+        if missing:
+            raise ValidationError.from_exception_data(cls.__name__, [error])
+        return model
+
+    def kind_problem(self) -> tuple[str, str] | None:
+        """(field, why) when the fields do not fit the kind; sets the kind's normal form otherwise."""
+        if self.kind == "http" and self.upstream_url is None:
+            return "upstream_url", "is required for an API of kind http"
+        if self.kind == "mcp":
+            if self.upstream_url is not None:
+                return (
+                    "upstream_url",
+                    "must be absent for an API of kind mcp (the site's MCP module answers it)",
+                )
+            if self.auth.mode != "jwt":
+                return "auth.mode", "must be jwt for an API of kind mcp (its callers are identified)"
+            # Normal form: the module takes the caller's identity only from the signed envelope.
+            self.auth.envelope = True
+        return None
 
 
 class ApiIn(ApiFields):
@@ -149,12 +195,111 @@ class ApiOut(BaseModel):
     api_id: str
     tenant_id: str
     name: str
-    upstream_url: str
+    kind: str
+    upstream_url: str | None
     path_prefix: str
     methods: list[str]
     timeout_ms: int | None
     auth: ApiAuth
     deployed_on: list[str]
+
+
+# -- MCP tools, grants, revocations ---------------------------------------------------------------
+def _rule(check: Any) -> Any:
+    """A tool rule as a validator (its ToolError becomes a 422 naming the member)."""
+
+    def validate(value: Any) -> Any:
+        try:
+            return check(value)
+        except tool_rules.ToolError as exc:
+            raise ValueError(exc.message) from None
+
+    return validate
+
+
+ToolName = Annotated[str, AfterValidator(_rule(tool_rules.name))]
+
+
+class ToolFields(Strict):
+    description: Annotated[
+        str, StringConstraints(min_length=1, max_length=tool_rules.MAX_DESCRIPTION), AfterValidator(_storable)
+    ]
+    input_schema: JsonObject
+    output_schema: JsonObject | None = None
+    annotations: JsonObject | None = None
+    api_id: Identifier
+    method: Annotated[str, StringConstraints(min_length=1, max_length=16)]
+    path_template: Annotated[str, StringConstraints(min_length=1, max_length=MAX_URL_LENGTH)]
+
+    def check(self) -> None:
+        """The translator's rules, which the site applies to the same tool (ToolError names the member)."""
+        tool_rules.schema("input_schema", self.input_schema)
+        if self.output_schema is not None:
+            tool_rules.schema("output_schema", self.output_schema)
+        if self.annotations is not None:
+            tool_rules.annotations(self.annotations)
+        tool_rules.path_template(self.path_template, self.input_schema)
+
+
+class ToolIn(ToolFields):
+    name: ToolName
+
+
+class ToolUpdate(ToolFields):
+    """PUT replaces every field; `name`, when given, must equal the path's."""
+
+    name: ToolName | None = None
+
+
+class ToolOut(BaseModel):
+    tenant_id: str
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None
+    annotations: dict[str, Any] | None
+    api_id: str
+    method: str
+    path_template: str
+
+
+class ToolGrantIn(Strict):
+    grant_id: Identifier
+    tool: ToolName
+    consumers: list[
+        Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_storable)]
+    ] = []
+    scopes: Scopes = []
+
+    @model_validator(mode="after")
+    def _someone(self) -> ToolGrantIn:
+        if not self.consumers and not self.scopes:
+            raise ValueError("a grant names consumers or scopes (or both): it grants nobody otherwise")
+        return self
+
+
+class ToolGrantOut(BaseModel):
+    grant_id: str
+    tenant_id: str
+    tool: str
+    consumers: list[str]
+    scopes: list[str]
+
+
+class ToolRevocationIn(Strict):
+    revocation_id: Identifier
+    tool: ToolName
+    # Absent: the tool is revoked for every caller.
+    consumer: (
+        Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_storable)] | None
+    ) = None
+
+
+class ToolRevocationOut(BaseModel):
+    revocation_id: str
+    tenant_id: str
+    tool: str
+    consumer: str | None
 
 
 # -- gateways and deployments --------------------------------------------------------------------

@@ -57,6 +57,14 @@ class Settings(BaseSettings):
     policy_max_addresses: int = Field(default=10_000, ge=1)
     policy_max_patterns: int = Field(default=100, ge=1)
     policy_max_entries: int = Field(default=256, ge=1)
+    # MCP tool permissions: the directory of Ed25519 signing keys (*.pem; the last by name signs).
+    # Empty: nothing is signed, and every site's MCP module denies every tool.
+    mcp_signing_key_dir: str = ""
+    mcp_permissions_issuer: str = "stoa-cp"
+    # How long a signed artifact is valid (at most 15 min); re-signed once past half its life.
+    mcp_permissions_lifetime_s: int = Field(default=600, ge=1, le=900)
+    # How often the keeper looks for artifacts to re-sign (it also wakes on every gateway change).
+    mcp_permissions_check_s: float = Field(default=10.0, gt=0)
 
     @field_validator("admin_tokens", "oidc_issuers", mode="before")
     @classmethod

@@ -38,6 +38,7 @@ async def test_deploy_undeploy_redeploy_generations_and_tombstones(api) -> None:
             "scopes": ["orders:read"],
             "forward_credential": False,
             "envelope": False,
+            "kind": "",
         }
     ]
     assert inv["tombstones"] == []

@@ -12,6 +12,7 @@ process it started. `stoa-estate status` shows the processes (pid, running, rest
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import shlex
@@ -20,10 +21,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
+from stoa_harness.site import http_ok
 from stoa_harness.stop_signals import StopRequested, StopSignals
 from stoa_harness.supervisor import Supervisor
+from stoa_harness.wait import wait_until
 
 DEMO_TENANT = "demo"
 DEMO_API = "echo"
@@ -50,6 +57,19 @@ DEMO_GUARDRAILS = {
     "jsonSchema": {"type": "object", "required": ["messages"]},
 }
 DEMO_SCOPE = "echo:read"
+DEMO_MCP_API = "demo-mcp"
+DEMO_MCP_PATH = "/mcp/demo"
+# Two tools of the demo tenant on the echo API: one granted to the demo token's scope, one to nobody.
+DEMO_TOOL_SCHEMA = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "description": "what the echo API is asked for"}},
+    "required": ["text"],
+}
+DEMO_TOOLS = {
+    "echo_read": ("GET", "Read a path of the echo API", "/tools/{text}"),
+    "echo_write": ("POST", "Post to the echo API (not granted to the demo token)", "/tools"),
+}
+DEMO_GRANTED_TOOL = "echo_read"
 AUDIENCE = "stoa"
 DEMO_TOKEN_LIFETIME_S = 12 * 3600
 
@@ -94,6 +114,28 @@ def seed_demo(estate: Estate, idp: DevIdentityProvider | None) -> dict[str, Any]
     estate.admin.add_policy(
         "chat-guardrails", "guardrails", DEMO_GUARDRAILS, tenant_id=DEMO_TENANT, targets=[DEMO_CHAT_API]
     )
+    if idp is not None:
+        # An MCP route of the demo tenant, answered by the MCP module with the tenant's tools.
+        estate.admin.create_mcp_api(
+            DEMO_MCP_API, tenant_id=DEMO_TENANT, name="Demo tools", path_prefix=DEMO_MCP_PATH
+        )
+        for tool, (method, description, path) in DEMO_TOOLS.items():
+            estate.admin.create_tool(
+                tool,
+                tenant_id=DEMO_TENANT,
+                description=description,
+                input_schema=DEMO_TOOL_SCHEMA,
+                api_id=DEMO_API,
+                method=method,
+                path_template=path,
+            )
+        estate.admin.grant_tool("demo-read", DEMO_GRANTED_TOOL, tenant_id=DEMO_TENANT, scopes=[DEMO_SCOPE])
+        estate.admin.deploy(DEMO_MCP_API)
+        info.update(
+            mcp_url=estate.url(DEMO_MCP_PATH),
+            demo_tools=sorted(DEMO_TOOLS),
+            granted_tools=[DEMO_GRANTED_TOOL],
+        )
     estate.admin.wait_synced(estate.admin.deploy(DEMO_CHAT_API))
     info.update(
         demo_chat_path=f"/apis/{DEMO_CHAT_API}/chat/completions",
@@ -137,6 +179,21 @@ def usage(estate: Estate, info: dict[str, Any]) -> str:
         f"  curl -i -X OPTIONS {url} -H 'Origin: {DEMO_ORIGIN}' -H 'Access-Control-Request-Method: POST'",
         f"  # rate limit: {DEMO_RATE_LIMIT['maxRequests']} authorized requests per "
         f"{DEMO_RATE_LIMIT['intervalSeconds']} s, then 429",
+        *(
+            [
+                "  # MCP: an agent connects with the mcp client (Python) to mcp_url with the demo token:",
+                "  #   Client(streamable_http_client(MCP_URL, http_client=httpx2.AsyncClient(headers=...)))",
+                f"  curl -i -X POST {info['mcp_url']} -H 'content-type: application/json' "
+                "-H 'accept: application/json, text/event-stream' "
+                f"-H {shlex.quote('Authorization: Bearer ' + info['demo_token'])} "
+                + shlex.quote(
+                    '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",'
+                    '"capabilities":{},"clientInfo":{"name":"curl","version":"0"}}}'
+                ),
+            ]
+            if "mcp_url" in info
+            else []
+        ),
         "  # the guarded chat route (fake model): PII redacted before the model, a blocked phrase 403,",
         "  # a streamed answer inspected event by event",
         f"  curl -s {chat} -H 'content-type: application/json' "
@@ -175,7 +232,38 @@ def demonstrate(estate: Estate, info: dict[str, Any]) -> str:
     lines.append(
         f"  POST {info['demo_chat_path']} (a blocked phrase)         -> {blocked.status_code} {blocked.text}"
     )
+    if "mcp_url" in info:
+        lines.append(demonstrate_mcp(estate, info))
     return "\n".join(lines)
+
+
+def demonstrate_mcp(estate: Estate, info: dict[str, Any]) -> str:
+    """An agent's view: the real `mcp` client lists the demo tools and calls the granted one."""
+    try:
+        wait_until(lambda: http_ok(f"{estate.mcp_http_url}/health/ready"), 30, "the MCP module ready")
+    except AssertionError as exc:
+        return f"  MCP {DEMO_MCP_PATH}: not shown ({exc})"
+
+    async def agent() -> tuple[list[str], str]:
+        headers = {"authorization": f"Bearer {info['demo_token']}"}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=10) as http,
+            Client(streamable_http_client(info["mcp_url"], http_client=http), cache=None) as client,
+        ):
+            names = sorted(t.name for t in (await client.list_tools()).tools)
+            result = await client.call_tool(DEMO_GRANTED_TOOL, {"text": "hello"})
+            path = json.loads(result.content[0].text).get("path") if not result.is_error else "error"
+            return names, str(path)
+
+    try:
+        names, path = asyncio.run(agent())
+    except Exception as exc:
+        # The estate is up (and supervised) whatever a demonstration meets: say so, do not stop.
+        return f"  MCP {DEMO_MCP_PATH}: the demonstration failed ({exc!r})"
+    return (
+        f"  MCP {DEMO_MCP_PATH} tools/list with the demo token  -> {names} (of {info['demo_tools']})\n"
+        f"  MCP tools/call {DEMO_GRANTED_TOOL} {{text: hello}}      -> the echo API saw GET {path}"
+    )
 
 
 def describe(estate: Estate, extra: dict[str, Any]) -> dict[str, Any]:
@@ -217,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
                     authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE},
                     cp_env={"STOA_CP_OIDC_ISSUERS": idp.issuer},
                     proc=True,
+                    mcp=True,
                 )
             estate = stack.enter_context(Estate(options, run_dir=run_dir))
             info = describe(estate, seed_demo(estate, idp))
@@ -236,6 +325,11 @@ def run(args: argparse.Namespace) -> int:
                 f"  echo upstream   {estate.upstream.url}\n"
                 f"  fake model      {estate.llm.url}   (OpenAI-compatible, behind {info['demo_chat_path']})\n"
                 + (f"  dev IdP         {idp.issuer}   (audience {AUDIENCE})\n" if idp is not None else "")
+                + (
+                    f"  MCP endpoint    {info['mcp_url']}   (demo tools through Envoy)\n"
+                    if "mcp_url" in info
+                    else ""
+                )
                 + f"\n{demonstrate(estate, info)}\n"
                 + f"\nTry:\n{usage(estate, info)}\n\n"
                 + "A crashed process is restarted (`stoa-estate status` counts restarts).\n"

@@ -271,6 +271,57 @@ class CPCalls(Generic[R]):
     def delete_issuer(self, tenant_id: str, issuer_id: str) -> R:
         return self.send(Call("DELETE", f"/v1/tenants/{tenant_id}/issuers/{issuer_id}"))
 
+    # -- MCP tools, grants, revocations -------------------------------------------------------------
+    def create_mcp_api(self, api_id: str, *, tenant_id: str, scopes: Sequence[str] = (), **fields: Any) -> R:
+        """An MCP route (kind mcp: no upstream, a token, the identity envelope); the API as stored."""
+        body = {
+            "api_id": api_id,
+            "name": fields.pop("name", api_id),
+            "kind": "mcp",
+            "methods": list(fields.pop("methods", ("GET", "POST", "DELETE"))),
+            "auth": {"mode": "jwt", "scopes": list(scopes), "envelope": True},
+            **fields,
+        }
+        return self.send(Call("POST", f"/v1/tenants/{tenant_id}/apis", body))
+
+    def create_tool(self, name: str, *, tenant_id: str, **fields: Any) -> R:
+        """The tool as stored; `fields` are its other fields (description, input_schema, api_id,
+        method, path_template, output_schema, annotations), sent as given."""
+        return self.send(Call("POST", f"/v1/tenants/{tenant_id}/tools", {"name": name, **fields}))
+
+    def update_tool(self, name: str, body: Mapping[str, Any], *, tenant_id: str) -> R:
+        return self.send(Call("PUT", f"/v1/tenants/{tenant_id}/tools/{name}", dict(body)))
+
+    def tools(self, tenant_id: str) -> R:
+        return self.send(Call("GET", f"/v1/tenants/{tenant_id}/tools"))
+
+    def delete_tool(self, name: str, *, tenant_id: str) -> R:
+        return self.send(Call("DELETE", f"/v1/tenants/{tenant_id}/tools/{name}"))
+
+    def grant_tool(
+        self,
+        grant_id: str,
+        tool: str,
+        *,
+        tenant_id: str,
+        consumers: Sequence[str] = (),
+        scopes: Sequence[str] = (),
+    ) -> R:
+        body = {"grant_id": grant_id, "tool": tool, "consumers": list(consumers), "scopes": list(scopes)}
+        return self.send(Call("POST", f"/v1/tenants/{tenant_id}/tool-grants", body))
+
+    def delete_grant(self, grant_id: str, *, tenant_id: str) -> R:
+        return self.send(Call("DELETE", f"/v1/tenants/{tenant_id}/tool-grants/{grant_id}"))
+
+    def revoke_tool(self, revocation_id: str, tool: str, *, tenant_id: str, consumer: str | None = None) -> R:
+        body: dict[str, Any] = {"revocation_id": revocation_id, "tool": tool}
+        if consumer is not None:
+            body["consumer"] = consumer
+        return self.send(Call("POST", f"/v1/tenants/{tenant_id}/tool-revocations", body))
+
+    def lift_revocation(self, revocation_id: str, *, tenant_id: str) -> R:
+        return self.send(Call("DELETE", f"/v1/tenants/{tenant_id}/tool-revocations/{revocation_id}"))
+
 
 def _value(call: Call, response: httpx.Response) -> Any:
     body = checked(response, call.accept)

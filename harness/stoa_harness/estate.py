@@ -16,6 +16,7 @@ admin token and defaulting to the estate's gateway.
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import shutil
 import tempfile
@@ -49,6 +50,10 @@ class EstateOptions:
     # Run the processing service (stoa-proc) and have the Link serve it its policy set.
     proc: bool = False
     proc_env: Mapping[str, str] = field(default_factory=dict)  # extra STOA_PROC_* settings
+    # Run the MCP module (needs authz="service"): the CP signs tool permissions with a key of the
+    # run directory's `mcp-signing/`, which the module pins.
+    mcp: bool = False
+    mcp_env: Mapping[str, str] = field(default_factory=dict)  # extra STOA_MCP_* settings
     start_timeout: float = 60.0
 
 
@@ -75,6 +80,8 @@ class Estate(Lifecycle):
         self.llm = FakeLLM()
         self.cp: SupervisedProcess | None = None
         self.site: Site | None = None
+        self.signing_key_dir = self.run_dir / "mcp-signing"
+        self.trusted_keys = self.run_dir / "mcp-trusted-keys.json"
         self.admin = CPClient(
             self.cp_url, self.admin_token, gateway_id=self.gateway_id, describe=self._describe_wait
         )
@@ -125,11 +132,45 @@ class Estate(Lifecycle):
         assert self._site.proc is not None, "this estate runs no processing service"
         return self._site.proc
 
+    @property
+    def mcp(self) -> SupervisedProcess:
+        assert self._site.mcp is not None, "this estate runs no MCP module"
+        return self._site.mcp
+
+    @property
+    def mcp_http_url(self) -> str:
+        return self._site.mcp_http_url
+
+    def mcp_url(self, path_prefix: str) -> str:
+        """The MCP endpoint of an MCP route through the real Envoy."""
+        return self.url(path_prefix)
+
+    def rotate_signing_key(self) -> str:
+        """Pin a new tool-permission signing key at the module (the old one stays pinned: overlap)
+        and hand it to the CP (it signs with the newest from its next round). The new kid; the
+        module reads its pinned keys at start, so it is restarted with both."""
+        kid = self._new_signing_key()
+        self.mcp.stop()
+        self.mcp.start()
+        return kid
+
+    def _new_signing_key(self) -> str:
+        from stoa_cp.permissions import public_jwk, write_key
+
+        number = len(list(self.signing_key_dir.glob("*.pem"))) + 1
+        # Written outside the CP's *.pem pattern and pinned at the module before the CP signs with it.
+        staged = self.signing_key_dir / f"{number:04d}.pem.new"
+        kid = write_key(staged)
+        pinned = json.loads(self.trusted_keys.read_text())["keys"] if self.trusted_keys.exists() else []
+        self.trusted_keys.write_text(json.dumps({"keys": [*pinned, public_jwk(staged)]}))
+        staged.rename(self.signing_key_dir / f"{number:04d}.pem")
+        return kid
+
     def processes(self) -> list[SupervisedProcess]:
-        """The subprocesses this estate started and keeps up (PostgreSQL aside): CP, Link, stoa-authz
-        and stoa-proc when they run, Envoy."""
+        """The subprocesses this estate started and keeps up (PostgreSQL aside): CP, Link, stoa-authz,
+        stoa-proc and stoa-mcp when they run, Envoy."""
         site = self._site
-        candidates = (self.cp, site.link, site.authz, site.proc, site.envoy)
+        candidates = (self.cp, site.link, site.authz, site.proc, site.mcp, site.envoy)
         return [p for p in candidates if p is not None]
 
     def url(self, path: str) -> str:
@@ -149,6 +190,11 @@ class Estate(Lifecycle):
         self.database_url = self.postgres.create_database(f"estate_{secrets.token_hex(6)}")
         self._stack.enter_context(self.upstream)
         self._stack.enter_context(self.llm)
+        mcp_cp_env: dict[str, str] = {}
+        if self.options.mcp:
+            self.signing_key_dir.mkdir(parents=True, exist_ok=True)
+            self._new_signing_key()
+            mcp_cp_env = {"STOA_CP_MCP_SIGNING_KEY_DIR": str(self.signing_key_dir)}
         self.cp = SupervisedProcess(
             "cp",
             [console_script("stoa-cp")],
@@ -158,6 +204,7 @@ class Estate(Lifecycle):
                 "STOA_CP_ADMIN_TOKENS": self.admin_token,
                 "STOA_CP_HOST": "127.0.0.1",
                 "STOA_CP_PORT": str(self.cp_port),
+                **mcp_cp_env,
                 **self.options.cp_env,
             },
             ready=lambda: http_ok(f"{self.cp_url}/health/ready"),
@@ -177,6 +224,9 @@ class Estate(Lifecycle):
             authz_env=self.options.authz_env,
             proc=self.options.proc,
             proc_env=self.options.proc_env,
+            mcp_env={"STOA_MCP_TRUSTED_KEYS": str(self.trusted_keys), **self.options.mcp_env}
+            if self.options.mcp
+            else None,
             start_timeout=self.options.start_timeout,
         )
         self._stack.enter_context(self.site)

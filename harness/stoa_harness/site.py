@@ -29,6 +29,7 @@ from stoa_harness.witness import CheckWitness
 
 AuthzKind = Literal["witness", "service"]
 PROC_SAN = "spiffe://stoa.local/ext-proc"
+MCP_SAN = "spiffe://stoa.local/mcp"
 
 
 def console_script(name: str) -> str:
@@ -68,6 +69,7 @@ class Site(Lifecycle):
         authz_env: Mapping[str, str] | None = None,
         proc: bool = False,
         proc_env: Mapping[str, str] | None = None,
+        mcp_env: Mapping[str, str] | None = None,
         start_timeout: float = 60.0,
     ) -> None:
         self.run_dir = run_dir
@@ -79,6 +81,14 @@ class Site(Lifecycle):
         self.extra_authz_env = dict(authz_env or {})
         self.proc_enabled = proc
         self.extra_proc_env = dict(proc_env or {})
+        # The MCP module runs when given its settings (at least STOA_MCP_TRUSTED_KEYS); it needs
+        # stoa-authz, whose envelope names its callers.
+        self.mcp_enabled = mcp_env is not None
+        self.extra_mcp_env = dict(mcp_env or {})
+        if self.mcp_enabled and authz != "service":
+            raise ValueError(
+                "the MCP module needs stoa-authz (authz='service'): it signs the identity envelope"
+            )
         self.start_timeout = start_timeout
         self.tls_dir = run_dir / "tls"
         self.ads_port = free_port()
@@ -89,9 +99,12 @@ class Site(Lifecycle):
         self.link_http_port = free_port()
         self.proc_grpc_port = free_port()
         self.proc_http_port = free_port()
+        self.mcp_port = free_port()
+        self.mcp_http_port = free_port()
         self.witness: CheckWitness | None = None
         self.authz: SupervisedProcess | None = None
         self.proc: SupervisedProcess | None = None
+        self.mcp: SupervisedProcess | None = None
         self.link: SupervisedProcess | None = None
         self.envoy: EnvoyProcess | None = None
         self._stack = contextlib.ExitStack()
@@ -125,6 +138,8 @@ class Site(Lifecycle):
             "STOA_LINK_EXT_AUTHZ_ADDRESS": self.ext_authz_address,
             "STOA_LINK_PROC_SAN": PROC_SAN if self.proc_enabled else "",
             "STOA_LINK_EXT_PROC_ADDRESS": f"127.0.0.1:{self.proc_grpc_port}",
+            "STOA_LINK_MCP_SAN": MCP_SAN if self.mcp_enabled else "",
+            "STOA_LINK_MCP_ADDRESS": f"127.0.0.1:{self.mcp_port}",
             "STOA_LINK_STATE_DIR": str(self.run_dir / "link-state"),
             "STOA_LINK_ENVOY_ADMIN_PORT": str(self.envoy_admin_port),
             "STOA_LINK_ENV": "development",
@@ -175,6 +190,31 @@ class Site(Lifecycle):
             "STOA_ENV": "development",
             **self.extra_proc_env,
         }
+
+    @property
+    def mcp_env(self) -> dict[str, str]:
+        return {
+            "STOA_MCP_MCP_ADDRESS": f"127.0.0.1:{self.mcp_port}",
+            "STOA_MCP_HTTP_ADDRESS": f"127.0.0.1:{self.mcp_http_port}",
+            "STOA_MCP_ADS_ADDRESS": self.ads_address,
+            "STOA_MCP_TLS_CA": str(self.tls_dir / "ca.pem"),
+            "STOA_MCP_TLS_CERT": str(self.tls_dir / "mcp-client.pem"),
+            "STOA_MCP_TLS_KEY": str(self.tls_dir / "mcp-client-key.pem"),
+            "STOA_MCP_GATEWAY_ID": self.gateway_id,
+            "STOA_MCP_ENVELOPE_JWKS_URL": f"{self.authz_http_url}/.well-known/jwks.json",
+            "STOA_ENV": "development",
+            **self.extra_mcp_env,
+        }
+
+    @property
+    def mcp_http_url(self) -> str:
+        """The MCP module's operator endpoint (/health/live, /health/ready, /metrics)."""
+        return f"http://127.0.0.1:{self.mcp_http_port}"
+
+    def mcp_events(self, name: str) -> list[dict[str, Any]]:
+        """The JSON events the MCP module logged so far whose `message` is `name`, oldest first."""
+        assert self.mcp is not None, "this site runs no MCP module"
+        return _events(self.mcp, name)
 
     @property
     def proc_http_url(self) -> str:
@@ -244,6 +284,19 @@ class Site(Lifecycle):
         )
         self._stack.callback(self.link.stop)
         self.link.start()
+        if self.mcp_enabled:
+            self.mcp = SupervisedProcess(
+                "mcp",
+                [console_script("stoa-mcp")],
+                log_dir=self.run_dir,
+                env=self.mcp_env,
+                ready=lambda: tcp_accepting("127.0.0.1", self.mcp_http_port),
+                ready_timeout=self.start_timeout,
+            )
+            self._stack.callback(self.mcp.stop)
+            # Its imports are slow on a loaded machine: it starts alongside the others, and is
+            # waited for once Envoy is up.
+            self.mcp.start(wait_ready=False)
         if self.authz_kind == "service":
             self.authz = SupervisedProcess(
                 "authz",
@@ -271,6 +324,9 @@ class Site(Lifecycle):
         self.envoy = EnvoyProcess(bootstrap, self.envoy_admin_port, self.run_dir / "envoy.log")
         self._stack.callback(self.envoy.stop)
         self.envoy.start(ready_timeout=self.start_timeout)
+        if self.mcp is not None:
+            mcp = self.mcp
+            wait_until(mcp._ready_or_dead, self.start_timeout, "stoa-mcp ready")
 
     def _run_once(self, name: str, argv: Sequence[str]) -> None:
         """A Link subcommand that runs to completion (certs, bootstrap) with the Link's settings."""

@@ -210,7 +210,7 @@ def test_a_killed_authorization_service_is_restarted_and_requests_recover(launch
 
 def test_quick_stop_signals_stop_the_launcher_and_every_process_it_started(launcher: Launcher) -> None:
     started = launcher.pids()
-    assert set(started) == {"postgres", "cp", "link", "authz", "proc", "envoy"}
+    assert set(started) == {"postgres", "cp", "link", "authz", "proc", "mcp", "envoy"}
     assert all(alive(pid) for pid in started.values())
 
     # Back to back, as a terminal's process group and a wrapper forwarding them deliver them.

@@ -24,7 +24,7 @@ from stoa_translate.snapshot import Snapshot
 
 from stoa_link import guard
 from stoa_link.ads import AdsServer, elapsed_ms
-from stoa_link.cp_client import CpClient, Delivery, InvalidInventory, schema_refusal
+from stoa_link.cp_client import CpClient, Delivery, InvalidInventory, ToolPermissions, schema_refusal
 from stoa_link.metrics import PublicationStats
 from stoa_link.reporter import Reporter
 
@@ -161,6 +161,10 @@ class Agent:
 
     async def follow(self, cp: CpClient) -> None:
         async for delivery in cp.deliveries():
+            if isinstance(delivery, ToolPermissions):
+                # Its own event: served at once, not a generation, never rolled back with a snapshot.
+                self.ads.serve_permissions(delivery.seq, delivery.jws)
+                continue
             self.offer(delivery, cp.last_document)
 
     async def work(self) -> None:

@@ -28,6 +28,8 @@ AUTHZ_CERT_FILE = "authz-client.pem"
 AUTHZ_KEY_FILE = "authz-client-key.pem"
 PROC_CERT_FILE = "proc-client.pem"
 PROC_KEY_FILE = "proc-client-key.pem"
+MCP_CERT_FILE = "mcp-client.pem"
+MCP_KEY_FILE = "mcp-client-key.pem"
 ALL_FILES = (
     CA_FILE,
     CA_KEY_FILE,
@@ -158,20 +160,24 @@ def _write(path: Path, data: bytes, private: bool) -> None:
 
 
 def write_dev_certs(
-    out: Path, envoy_san: str, authz_san: str, force: bool = False, proc_san: str = ""
+    out: Path, envoy_san: str, authz_san: str, force: bool = False, proc_san: str = "", mcp_san: str = ""
 ) -> bool:
     """Write the development CA and certificates into `out`. Returns False when a complete set was kept.
 
     A complete existing set is kept (so `make run` twice keeps the identities Envoy was started with);
     a partial one is an error unless `force`. The processing service's certificate (`proc_san`) is
-    issued from the set's CA when the rest is already there.
+    issued from the set's CA when the rest is already there; so is the MCP module's (`mcp_san`).
     """
     written = _write_main_set(out, envoy_san, authz_san, force)
-    if proc_san and (force or written or not (out / PROC_CERT_FILE).exists()):
-        issued = issue_client(load_ca(out), proc_san)
-        _write(out / PROC_KEY_FILE, issued.key_pem, private=True)
-        _write(out / PROC_CERT_FILE, issued.cert_pem, private=False)
-        written = True
+    for san, cert_file, key_file in (
+        (proc_san, PROC_CERT_FILE, PROC_KEY_FILE),
+        (mcp_san, MCP_CERT_FILE, MCP_KEY_FILE),
+    ):
+        if san and (force or written or not (out / cert_file).exists()):
+            issued = issue_client(load_ca(out), san)
+            _write(out / key_file, issued.key_pem, private=True)
+            _write(out / cert_file, issued.cert_pem, private=False)
+            written = True
     return written
 
 

@@ -13,7 +13,13 @@ from pathlib import Path
 from pydantic import ValidationError
 from stoa_ops import logs
 from stoa_ops.address import is_loopback
-from stoa_translate.snapshot import AUTHZ_POLICY_SET, ENVOY_TYPES, PROC_POLICY_SET
+from stoa_translate.snapshot import (
+    AUTHZ_POLICY_SET,
+    ENVOY_TYPES,
+    MCP_POLICY_SET,
+    PROC_POLICY_SET,
+    TOOL_PERMISSIONS,
+)
 
 from stoa_link import bootstrap, certs
 from stoa_link.settings import LinkSettings
@@ -59,6 +65,7 @@ def _run(settings: LinkSettings) -> None:
             ext_authz_timeout_ms=settings.ext_authz_timeout_ms,
             extra_identity_headers=settings.identity_headers_added,
             ext_proc_address=settings.ext_proc_address,
+            mcp_address=settings.mcp_address,
             decision_placement=settings.decision_placement,
             audience=settings.audience,
             required_scopes=tuple(settings.required_scopes),
@@ -78,6 +85,8 @@ def _run(settings: LinkSettings) -> None:
         identities[settings.authz_san] = (AUTHZ_POLICY_SET,)
     if settings.proc_san:
         identities[settings.proc_san] = (PROC_POLICY_SET,)
+    if settings.mcp_san:
+        identities[settings.mcp_san] = (MCP_POLICY_SET, TOOL_PERMISSIONS)
     decisions = EnvoyDecisions(settings.envoy_san, lambda: ads.acked_snapshot)
     ads = AdsServer(
         settings.ads_address,
@@ -163,7 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             try:
                 written = certs.write_dev_certs(
-                    args.out, settings.envoy_san, settings.authz_san, args.force, settings.proc_san
+                    args.out,
+                    settings.envoy_san,
+                    settings.authz_san,
+                    args.force,
+                    settings.proc_san,
+                    settings.mcp_san,
                 )
             except FileExistsError as exc:
                 raise StartupError(str(exc)) from None

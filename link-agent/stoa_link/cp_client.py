@@ -35,6 +35,15 @@ class InvalidInventory:
     detail: str
 
 
+@dataclass(frozen=True)
+class ToolPermissions:
+    """The gateway's signed tool permissions as the CP sent them (relayed to the MCP module as is:
+    the module, not the Link, verifies them)."""
+
+    seq: int
+    jws: str
+
+
 Delivery = inventory_pb2.Inventory | InvalidInventory
 
 
@@ -218,6 +227,19 @@ def _received(text: str, generation_hint: int, source: str) -> Delivery:
     return delivery
 
 
+def _permissions(data: str) -> ToolPermissions | None:
+    try:
+        doc = json.loads(data)
+        seq, jws = doc["seq"], doc["jws"]
+    except (ValueError, TypeError, KeyError):
+        log.warning("tool_permissions_unreadable", extra={"fields": {"bytes": len(data)}})
+        return None
+    if type(seq) is not int or seq < 1 or not isinstance(jws, str):
+        log.warning("tool_permissions_unreadable", extra={"fields": {"bytes": len(data)}})
+        return None
+    return ToolPermissions(seq, jws)
+
+
 def gateway_client(
     cp_url: str,
     gateway_id: str,
@@ -274,7 +296,7 @@ class CpClient:
         self.last_document = response.text
         return _received(response.text, 0, "config")
 
-    async def _follow(self) -> AsyncIterator[Delivery]:
+    async def _follow(self) -> AsyncIterator[Delivery | ToolPermissions]:
         headers = {} if self.last_event_id is None else {"Last-Event-ID": str(self.last_event_id)}
         try:
             async with aconnect_sse(self._client, "GET", "events", headers=headers) as source:
@@ -285,6 +307,11 @@ class CpClient:
                 self.stream_open = True
                 log.info("cp_stream_open", extra={"fields": {"last_event_id": self.last_event_id}})
                 async for event in source.aiter_sse():
+                    if event.event == "tool-permissions":
+                        permissions = _permissions(event.data)
+                        if permissions is not None:
+                            yield permissions
+                        continue
                     if event.event != "inventory":
                         continue
                     hint = int(event.id) if event.id.isdigit() else 0
@@ -300,7 +327,7 @@ class CpClient:
             self.stream_open = False
         raise CpUnavailable("the CP closed the event stream")
 
-    async def deliveries(self) -> AsyncIterator[Delivery]:
+    async def deliveries(self) -> AsyncIterator[Delivery | ToolPermissions]:
         """The current inventory, then every newer one, forever; reconnects on any failure."""
         while True:
             try:

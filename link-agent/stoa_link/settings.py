@@ -42,11 +42,15 @@ class LinkSettings(BaseSettings):
     # The processing service's URI SAN; empty: no processing-service client is expected (a route with
     # a body policy then answers 503, as with the service down).
     proc_san: str = ""
+    # The MCP module's URI SAN; empty: no MCP module client is expected (MCP routes then answer 503).
+    mcp_san: str = ""
     listener_address: str = "127.0.0.1"
     listener_port: int = Field(default=10000, ge=1, le=65535)
     ext_authz_address: str = "127.0.0.1:9191"
     ext_authz_timeout_ms: int = Field(default=250, ge=1)
     ext_proc_address: str = "127.0.0.1:9291"
+    # The site's MCP module (streamable HTTP), where the MCP routes go.
+    mcp_address: str = "127.0.0.1:9391"
     ack_timeout_s: float = Field(default=10.0, gt=0)
     state_dir: Path = Path(".stoa/link-state")
     envoy_admin_port: int = Field(default=9901, ge=1, le=65535)
@@ -92,7 +96,7 @@ class LinkSettings(BaseSettings):
             ip_host_port(value, "HTTP address", "127.0.0.1:9902")
         return value
 
-    @field_validator("envoy_san", "authz_san", "proc_san")
+    @field_validator("envoy_san", "authz_san", "proc_san", "mcp_san")
     @classmethod
     def _uri_san(cls, value: str) -> str:
         if value and "://" not in value:
@@ -146,3 +150,5 @@ class LinkSettings(BaseSettings):
             raise ValueError(
                 "STOA_LINK_PROC_SAN must differ from STOA_LINK_ENVOY_SAN and STOA_LINK_AUTHZ_SAN"
             )
+        if self.mcp_san and self.mcp_san in (self.envoy_san, self.authz_san, self.proc_san):
+            raise ValueError("STOA_LINK_MCP_SAN must differ from the other services' SANs")

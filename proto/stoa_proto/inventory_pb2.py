@@ -22,38 +22,39 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from stoa_proto import mcp_pb2 as stoa__proto_dot_mcp__pb2
 from stoa_proto import proc_pb2 as stoa__proto_dot_proc__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astoa_proto/inventory.proto\x12\x11stoa.inventory.v1\x1a\x15stoa_proto/proc.proto\"\xdd\x01\n\x05Route\x12\x10\n\x08route_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61pi_id\x18\x03 \x01(\t\x12\x13\n\x0bpath_prefix\x18\x04 \x01(\t\x12\x0f\n\x07methods\x18\x05 \x03(\t\x12\x14\n\x0cupstream_url\x18\x06 \x01(\t\x12\x12\n\ntimeout_ms\x18\x07 \x01(\r\x12\x11\n\tauth_mode\x18\x08 \x01(\t\x12\x0e\n\x06scopes\x18\t \x03(\t\x12\x1a\n\x12\x66orward_credential\x18\n \x01(\x08\x12\x10\n\x08\x65nvelope\x18\x0b \x01(\x08\"\x87\x03\n\x06Policy\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\r\n\x05scope\x18\x04 \x01(\t\x12\x0f\n\x07targets\x18\x05 \x03(\t\x12\x11\n\ttenant_id\x18\x06 \x01(\t\x12\x12\n\napplicable\x18\x07 \x03(\t\x12-\n\x04\x63ors\x18\x08 \x01(\x0b\x32\x1d.stoa.inventory.v1.CorsPolicyH\x00\x12\x38\n\nrate_limit\x18\t \x01(\x0b\x32\".stoa.inventory.v1.RateLimitPolicyH\x00\x12\x36\n\tip_filter\x18\n \x01(\x0b\x32!.stoa.inventory.v1.IpFilterPolicyH\x00\x12.\n\nguardrails\x18\x14 \x01(\x0b\x32\x18.stoa.proc.v1.GuardrailsH\x00\x12,\n\ttransform\x18\x15 \x01(\x0b\x32\x17.stoa.proc.v1.TransformH\x00\x42\x08\n\x06\x63onfigJ\x04\x08\x03\x10\x04R\x06\x63onfig\"\xac\x01\n\nCorsPolicy\x12\x17\n\x0f\x61llowed_origins\x18\x01 \x03(\t\x12\x17\n\x0f\x61llowed_methods\x18\x02 \x03(\t\x12\x17\n\x0f\x61llowed_headers\x18\x03 \x03(\t\x12\x16\n\x0e\x65xpose_headers\x18\x04 \x03(\t\x12\x14\n\x07max_age\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x11\x61llow_credentials\x18\x06 \x01(\x08\x42\n\n\x08_max_age\"A\n\x0fRateLimitPolicy\x12\x14\n\x0cmax_requests\x18\x01 \x01(\r\x12\x18\n\x10interval_seconds\x18\x02 \x01(\r\"8\n\x0eIpFilterPolicy\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x18\n\x07ip_list\x18\x02 \x03(\tR\x07ip_list\"1\n\tTombstone\x12\x10\n\x08route_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\"W\n\rTrustedIssuer\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06issuer\x18\x02 \x01(\t\x12\x11\n\tjwks_json\x18\x03 \x01(\t\x12\x10\n\x08jwks_uri\x18\x04 \x01(\t\"\x87\x02\n\tInventory\x12\x16\n\x0eschema_version\x18\x07 \x01(\r\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12(\n\x06routes\x18\x03 \x03(\x0b\x32\x18.stoa.inventory.v1.Route\x12+\n\x08policies\x18\x04 \x03(\x0b\x32\x19.stoa.inventory.v1.Policy\x12\x30\n\ntombstones\x18\x05 \x03(\x0b\x32\x1c.stoa.inventory.v1.Tombstone\x12\x31\n\x07issuers\x18\x06 \x03(\x0b\x32 .stoa.inventory.v1.TrustedIssuer\"\xf7\x01\n\nSyncReport\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12-\n\x06status\x18\x03 \x01(\x0e\x32\x1d.stoa.inventory.v1.SyncStatus\x12\x18\n\x10snapshot_version\x18\x04 \x01(\t\x12\x30\n\x06reason\x18\x05 \x01(\x0e\x32 .stoa.inventory.v1.FailureReason\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\x12\x36\n\x08settings\x18\x07 \x01(\x0b\x32$.stoa.inventory.v1.TranslateSettings\"\x90\x03\n\x11TranslateSettings\x12\x18\n\x10listener_address\x18\x01 \x01(\t\x12\x15\n\rlistener_port\x18\x02 \x01(\r\x12\x19\n\x11\x65xt_authz_address\x18\x03 \x01(\t\x12\x1c\n\x14\x65xt_authz_timeout_ms\x18\x04 \x01(\r\x12\x18\n\x10\x65xt_proc_address\x18\x08 \x01(\t\x12\x1a\n\x12\x64\x65\x63ision_placement\x18\t \x01(\t\x12\x10\n\x08\x61udience\x18\n \x01(\t\x12\x17\n\x0frequired_scopes\x18\x0b \x03(\t\x12\x14\n\x0ctenant_claim\x18\x0c \x01(\t\x12\x1c\n\x14max_token_lifetime_s\x18\r \x01(\r\x12\x1c\n\x14\x64\x65\x63ision_log_cluster\x18\x0e \x01(\t\x12 \n\x18\x64\x65\x66\x61ult_route_timeout_ms\x18\x05 \x01(\r\x12\x1c\n\x14xff_num_trusted_hops\x18\x06 \x01(\r\x12\x1e\n\x16\x65xtra_identity_headers\x18\x07 \x03(\t*A\n\nSyncStatus\x12\x1b\n\x17SYNC_STATUS_UNSPECIFIED\x10\x00\x12\n\n\x06SYNCED\x10\x01\x12\n\n\x06\x46\x41ILED\x10\x02*\xe5\x01\n\rFailureReason\x12\x1e\n\x1a\x46\x41ILURE_REASON_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x46OREIGN_GATEWAY\x10\x01\x12\x14\n\x10STALE_GENERATION\x10\x02\x12\x0e\n\nROUTE_LOSS\x10\x03\x12\x16\n\x12UNSUPPORTED_POLICY\x10\x04\x12\x14\n\x10\x44UPLICATE_POLICY\x10\x05\x12\x15\n\x11INVALID_INVENTORY\x10\x06\x12\x08\n\x04NACK\x10\x07\x12\x0f\n\x0b\x41\x43K_TIMEOUT\x10\x08\x12\x19\n\x15INCONSISTENT_SNAPSHOT\x10\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1astoa_proto/inventory.proto\x12\x11stoa.inventory.v1\x1a\x14stoa_proto/mcp.proto\x1a\x15stoa_proto/proc.proto\"\xeb\x01\n\x05Route\x12\x10\n\x08route_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61pi_id\x18\x03 \x01(\t\x12\x13\n\x0bpath_prefix\x18\x04 \x01(\t\x12\x0f\n\x07methods\x18\x05 \x03(\t\x12\x14\n\x0cupstream_url\x18\x06 \x01(\t\x12\x12\n\ntimeout_ms\x18\x07 \x01(\r\x12\x11\n\tauth_mode\x18\x08 \x01(\t\x12\x0e\n\x06scopes\x18\t \x03(\t\x12\x1a\n\x12\x66orward_credential\x18\n \x01(\x08\x12\x10\n\x08\x65nvelope\x18\x0b \x01(\x08\x12\x0c\n\x04kind\x18\x0c \x01(\t\"\x87\x03\n\x06Policy\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\r\n\x05scope\x18\x04 \x01(\t\x12\x0f\n\x07targets\x18\x05 \x03(\t\x12\x11\n\ttenant_id\x18\x06 \x01(\t\x12\x12\n\napplicable\x18\x07 \x03(\t\x12-\n\x04\x63ors\x18\x08 \x01(\x0b\x32\x1d.stoa.inventory.v1.CorsPolicyH\x00\x12\x38\n\nrate_limit\x18\t \x01(\x0b\x32\".stoa.inventory.v1.RateLimitPolicyH\x00\x12\x36\n\tip_filter\x18\n \x01(\x0b\x32!.stoa.inventory.v1.IpFilterPolicyH\x00\x12.\n\nguardrails\x18\x14 \x01(\x0b\x32\x18.stoa.proc.v1.GuardrailsH\x00\x12,\n\ttransform\x18\x15 \x01(\x0b\x32\x17.stoa.proc.v1.TransformH\x00\x42\x08\n\x06\x63onfigJ\x04\x08\x03\x10\x04R\x06\x63onfig\"\xac\x01\n\nCorsPolicy\x12\x17\n\x0f\x61llowed_origins\x18\x01 \x03(\t\x12\x17\n\x0f\x61llowed_methods\x18\x02 \x03(\t\x12\x17\n\x0f\x61llowed_headers\x18\x03 \x03(\t\x12\x16\n\x0e\x65xpose_headers\x18\x04 \x03(\t\x12\x14\n\x07max_age\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x11\x61llow_credentials\x18\x06 \x01(\x08\x42\n\n\x08_max_age\"A\n\x0fRateLimitPolicy\x12\x14\n\x0cmax_requests\x18\x01 \x01(\r\x12\x18\n\x10interval_seconds\x18\x02 \x01(\r\"8\n\x0eIpFilterPolicy\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x18\n\x07ip_list\x18\x02 \x03(\tR\x07ip_list\"1\n\tTombstone\x12\x10\n\x08route_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\"W\n\rTrustedIssuer\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06issuer\x18\x02 \x01(\t\x12\x11\n\tjwks_json\x18\x03 \x01(\t\x12\x10\n\x08jwks_uri\x18\x04 \x01(\t\"\xa9\x02\n\tInventory\x12\x16\n\x0eschema_version\x18\x07 \x01(\r\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12(\n\x06routes\x18\x03 \x03(\x0b\x32\x18.stoa.inventory.v1.Route\x12+\n\x08policies\x18\x04 \x03(\x0b\x32\x19.stoa.inventory.v1.Policy\x12\x30\n\ntombstones\x18\x05 \x03(\x0b\x32\x1c.stoa.inventory.v1.Tombstone\x12\x31\n\x07issuers\x18\x06 \x03(\x0b\x32 .stoa.inventory.v1.TrustedIssuer\x12 \n\x05tools\x18\x08 \x03(\x0b\x32\x11.stoa.mcp.v1.Tool\"\xf7\x01\n\nSyncReport\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12-\n\x06status\x18\x03 \x01(\x0e\x32\x1d.stoa.inventory.v1.SyncStatus\x12\x18\n\x10snapshot_version\x18\x04 \x01(\t\x12\x30\n\x06reason\x18\x05 \x01(\x0e\x32 .stoa.inventory.v1.FailureReason\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\x12\x36\n\x08settings\x18\x07 \x01(\x0b\x32$.stoa.inventory.v1.TranslateSettings\"\xa5\x03\n\x11TranslateSettings\x12\x18\n\x10listener_address\x18\x01 \x01(\t\x12\x15\n\rlistener_port\x18\x02 \x01(\r\x12\x19\n\x11\x65xt_authz_address\x18\x03 \x01(\t\x12\x1c\n\x14\x65xt_authz_timeout_ms\x18\x04 \x01(\r\x12\x18\n\x10\x65xt_proc_address\x18\x08 \x01(\t\x12\x1a\n\x12\x64\x65\x63ision_placement\x18\t \x01(\t\x12\x10\n\x08\x61udience\x18\n \x01(\t\x12\x17\n\x0frequired_scopes\x18\x0b \x03(\t\x12\x14\n\x0ctenant_claim\x18\x0c \x01(\t\x12\x1c\n\x14max_token_lifetime_s\x18\r \x01(\r\x12\x1c\n\x14\x64\x65\x63ision_log_cluster\x18\x0e \x01(\t\x12\x13\n\x0bmcp_address\x18\x0f \x01(\t\x12 \n\x18\x64\x65\x66\x61ult_route_timeout_ms\x18\x05 \x01(\r\x12\x1c\n\x14xff_num_trusted_hops\x18\x06 \x01(\r\x12\x1e\n\x16\x65xtra_identity_headers\x18\x07 \x03(\t*A\n\nSyncStatus\x12\x1b\n\x17SYNC_STATUS_UNSPECIFIED\x10\x00\x12\n\n\x06SYNCED\x10\x01\x12\n\n\x06\x46\x41ILED\x10\x02*\xe5\x01\n\rFailureReason\x12\x1e\n\x1a\x46\x41ILURE_REASON_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x46OREIGN_GATEWAY\x10\x01\x12\x14\n\x10STALE_GENERATION\x10\x02\x12\x0e\n\nROUTE_LOSS\x10\x03\x12\x16\n\x12UNSUPPORTED_POLICY\x10\x04\x12\x14\n\x10\x44UPLICATE_POLICY\x10\x05\x12\x15\n\x11INVALID_INVENTORY\x10\x06\x12\x08\n\x04NACK\x10\x07\x12\x0f\n\x0b\x41\x43K_TIMEOUT\x10\x08\x12\x19\n\x15INCONSISTENT_SNAPSHOT\x10\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stoa_proto.inventory_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SYNCSTATUS']._serialized_start=2049
-  _globals['_SYNCSTATUS']._serialized_end=2114
-  _globals['_FAILUREREASON']._serialized_start=2117
-  _globals['_FAILUREREASON']._serialized_end=2346
-  _globals['_ROUTE']._serialized_start=73
-  _globals['_ROUTE']._serialized_end=294
-  _globals['_POLICY']._serialized_start=297
-  _globals['_POLICY']._serialized_end=688
-  _globals['_CORSPOLICY']._serialized_start=691
-  _globals['_CORSPOLICY']._serialized_end=863
-  _globals['_RATELIMITPOLICY']._serialized_start=865
-  _globals['_RATELIMITPOLICY']._serialized_end=930
-  _globals['_IPFILTERPOLICY']._serialized_start=932
-  _globals['_IPFILTERPOLICY']._serialized_end=988
-  _globals['_TOMBSTONE']._serialized_start=990
-  _globals['_TOMBSTONE']._serialized_end=1039
-  _globals['_TRUSTEDISSUER']._serialized_start=1041
-  _globals['_TRUSTEDISSUER']._serialized_end=1128
-  _globals['_INVENTORY']._serialized_start=1131
-  _globals['_INVENTORY']._serialized_end=1394
-  _globals['_SYNCREPORT']._serialized_start=1397
-  _globals['_SYNCREPORT']._serialized_end=1644
-  _globals['_TRANSLATESETTINGS']._serialized_start=1647
-  _globals['_TRANSLATESETTINGS']._serialized_end=2047
+  _globals['_SYNCSTATUS']._serialized_start=2140
+  _globals['_SYNCSTATUS']._serialized_end=2205
+  _globals['_FAILUREREASON']._serialized_start=2208
+  _globals['_FAILUREREASON']._serialized_end=2437
+  _globals['_ROUTE']._serialized_start=95
+  _globals['_ROUTE']._serialized_end=330
+  _globals['_POLICY']._serialized_start=333
+  _globals['_POLICY']._serialized_end=724
+  _globals['_CORSPOLICY']._serialized_start=727
+  _globals['_CORSPOLICY']._serialized_end=899
+  _globals['_RATELIMITPOLICY']._serialized_start=901
+  _globals['_RATELIMITPOLICY']._serialized_end=966
+  _globals['_IPFILTERPOLICY']._serialized_start=968
+  _globals['_IPFILTERPOLICY']._serialized_end=1024
+  _globals['_TOMBSTONE']._serialized_start=1026
+  _globals['_TOMBSTONE']._serialized_end=1075
+  _globals['_TRUSTEDISSUER']._serialized_start=1077
+  _globals['_TRUSTEDISSUER']._serialized_end=1164
+  _globals['_INVENTORY']._serialized_start=1167
+  _globals['_INVENTORY']._serialized_end=1464
+  _globals['_SYNCREPORT']._serialized_start=1467
+  _globals['_SYNCREPORT']._serialized_end=1714
+  _globals['_TRANSLATESETTINGS']._serialized_start=1717
+  _globals['_TRANSLATESETTINGS']._serialized_end=2138
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from stoa_proto import mcp_pb2 as _mcp_pb2
 from stoa_proto import proc_pb2 as _proc_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -41,7 +42,7 @@ ACK_TIMEOUT: FailureReason
 INCONSISTENT_SNAPSHOT: FailureReason
 
 class Route(_message.Message):
-    __slots__ = ("route_id", "tenant_id", "api_id", "path_prefix", "methods", "upstream_url", "timeout_ms", "auth_mode", "scopes", "forward_credential", "envelope")
+    __slots__ = ("route_id", "tenant_id", "api_id", "path_prefix", "methods", "upstream_url", "timeout_ms", "auth_mode", "scopes", "forward_credential", "envelope", "kind")
     ROUTE_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     API_ID_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +54,7 @@ class Route(_message.Message):
     SCOPES_FIELD_NUMBER: _ClassVar[int]
     FORWARD_CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     route_id: str
     tenant_id: str
     api_id: str
@@ -64,7 +66,8 @@ class Route(_message.Message):
     scopes: _containers.RepeatedScalarFieldContainer[str]
     forward_credential: bool
     envelope: bool
-    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., path_prefix: _Optional[str] = ..., methods: _Optional[_Iterable[str]] = ..., upstream_url: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., forward_credential: _Optional[bool] = ..., envelope: _Optional[bool] = ...) -> None: ...
+    kind: str
+    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., path_prefix: _Optional[str] = ..., methods: _Optional[_Iterable[str]] = ..., upstream_url: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., forward_credential: _Optional[bool] = ..., envelope: _Optional[bool] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class Policy(_message.Message):
     __slots__ = ("policy_id", "type", "scope", "targets", "tenant_id", "applicable", "cors", "rate_limit", "ip_filter", "guardrails", "transform")
@@ -145,7 +148,7 @@ class TrustedIssuer(_message.Message):
     def __init__(self, tenant_id: _Optional[str] = ..., issuer: _Optional[str] = ..., jwks_json: _Optional[str] = ..., jwks_uri: _Optional[str] = ...) -> None: ...
 
 class Inventory(_message.Message):
-    __slots__ = ("schema_version", "gateway_id", "generation", "routes", "policies", "tombstones", "issuers")
+    __slots__ = ("schema_version", "gateway_id", "generation", "routes", "policies", "tombstones", "issuers", "tools")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +156,7 @@ class Inventory(_message.Message):
     POLICIES_FIELD_NUMBER: _ClassVar[int]
     TOMBSTONES_FIELD_NUMBER: _ClassVar[int]
     ISSUERS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     gateway_id: str
     generation: int
@@ -160,7 +164,8 @@ class Inventory(_message.Message):
     policies: _containers.RepeatedCompositeFieldContainer[Policy]
     tombstones: _containers.RepeatedCompositeFieldContainer[Tombstone]
     issuers: _containers.RepeatedCompositeFieldContainer[TrustedIssuer]
-    def __init__(self, schema_version: _Optional[int] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ..., tombstones: _Optional[_Iterable[_Union[Tombstone, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ...) -> None: ...
+    tools: _containers.RepeatedCompositeFieldContainer[_mcp_pb2.Tool]
+    def __init__(self, schema_version: _Optional[int] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ..., tombstones: _Optional[_Iterable[_Union[Tombstone, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_mcp_pb2.Tool, _Mapping]]] = ...) -> None: ...
 
 class SyncReport(_message.Message):
     __slots__ = ("gateway_id", "generation", "status", "snapshot_version", "reason", "detail", "settings")
@@ -181,7 +186,7 @@ class SyncReport(_message.Message):
     def __init__(self, gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., status: _Optional[_Union[SyncStatus, str]] = ..., snapshot_version: _Optional[str] = ..., reason: _Optional[_Union[FailureReason, str]] = ..., detail: _Optional[str] = ..., settings: _Optional[_Union[TranslateSettings, _Mapping]] = ...) -> None: ...
 
 class TranslateSettings(_message.Message):
-    __slots__ = ("listener_address", "listener_port", "ext_authz_address", "ext_authz_timeout_ms", "ext_proc_address", "decision_placement", "audience", "required_scopes", "tenant_claim", "max_token_lifetime_s", "decision_log_cluster", "default_route_timeout_ms", "xff_num_trusted_hops", "extra_identity_headers")
+    __slots__ = ("listener_address", "listener_port", "ext_authz_address", "ext_authz_timeout_ms", "ext_proc_address", "decision_placement", "audience", "required_scopes", "tenant_claim", "max_token_lifetime_s", "decision_log_cluster", "mcp_address", "default_route_timeout_ms", "xff_num_trusted_hops", "extra_identity_headers")
     LISTENER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LISTENER_PORT_FIELD_NUMBER: _ClassVar[int]
     EXT_AUTHZ_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +198,7 @@ class TranslateSettings(_message.Message):
     TENANT_CLAIM_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKEN_LIFETIME_S_FIELD_NUMBER: _ClassVar[int]
     DECISION_LOG_CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    MCP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_ROUTE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     XFF_NUM_TRUSTED_HOPS_FIELD_NUMBER: _ClassVar[int]
     EXTRA_IDENTITY_HEADERS_FIELD_NUMBER: _ClassVar[int]
@@ -207,7 +213,8 @@ class TranslateSettings(_message.Message):
     tenant_claim: str
     max_token_lifetime_s: int
     decision_log_cluster: str
+    mcp_address: str
     default_route_timeout_ms: int
     xff_num_trusted_hops: int
     extra_identity_headers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, listener_address: _Optional[str] = ..., listener_port: _Optional[int] = ..., ext_authz_address: _Optional[str] = ..., ext_authz_timeout_ms: _Optional[int] = ..., ext_proc_address: _Optional[str] = ..., decision_placement: _Optional[str] = ..., audience: _Optional[str] = ..., required_scopes: _Optional[_Iterable[str]] = ..., tenant_claim: _Optional[str] = ..., max_token_lifetime_s: _Optional[int] = ..., decision_log_cluster: _Optional[str] = ..., default_route_timeout_ms: _Optional[int] = ..., xff_num_trusted_hops: _Optional[int] = ..., extra_identity_headers: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, listener_address: _Optional[str] = ..., listener_port: _Optional[int] = ..., ext_authz_address: _Optional[str] = ..., ext_authz_timeout_ms: _Optional[int] = ..., ext_proc_address: _Optional[str] = ..., decision_placement: _Optional[str] = ..., audience: _Optional[str] = ..., required_scopes: _Optional[_Iterable[str]] = ..., tenant_claim: _Optional[str] = ..., max_token_lifetime_s: _Optional[int] = ..., decision_log_cluster: _Optional[str] = ..., mcp_address: _Optional[str] = ..., default_route_timeout_ms: _Optional[int] = ..., xff_num_trusted_hops: _Optional[int] = ..., extra_identity_headers: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -16,13 +16,14 @@ from stoa_translate.clusters import render_clusters
 from stoa_translate.decision.placement import placed
 from stoa_translate.listener import render_listener
 from stoa_translate.options import TranslateOptions
-from stoa_translate.policy_set import render_policy_set, render_proc_policy_set
+from stoa_translate.policy_set import render_mcp_policy_set, render_policy_set, render_proc_policy_set
 from stoa_translate.refusal import FailureReason, Refusal
 from stoa_translate.routes import render_routes
 from stoa_translate.snapshot import (
     AUTHZ_POLICY_SET,
     CLUSTER,
     LISTENER,
+    MCP_POLICY_SET,
     PROC_POLICY_SET,
     ROUTE,
     Snapshot,
@@ -81,6 +82,7 @@ class Translator:
                 ROUTE: [routes],
                 AUTHZ_POLICY_SET: [policy_set],
                 PROC_POLICY_SET: [proc_set],
+                MCP_POLICY_SET: [render_mcp_policy_set(site)],
             },
         )
         named = {

@@ -18,7 +18,7 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import duration_pb2
 
 from stoa_translate.filters import EXT_AUTHZ_CLUSTER, EXT_PROC_CLUSTER, packed
-from stoa_translate.ir import Backend, SiteIR
+from stoa_translate.ir import MCP_KIND, MCP_MODULE_CLUSTER, Backend, SiteIR
 from stoa_translate.options import TranslateOptions
 
 SYSTEM_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -27,8 +27,11 @@ _HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions
 
 
 def render_clusters(site: SiteIR, options: TranslateOptions) -> list[cluster_pb2.Cluster]:
-    backends = {route.backend.cluster_name: route.backend for route in site.routes}
+    backends = {route.backend.cluster_name: route.backend for route in site.routes if route.kind != MCP_KIND}
     clusters = [_backend(backends[name]) for name in sorted(backends)]
+    if site.needs_mcp():
+        host, port = options.mcp_endpoint()
+        clusters.append(_cluster(MCP_MODULE_CLUSTER, host, port, _is_ip(host)))
     clusters.append(_grpc_service(EXT_AUTHZ_CLUSTER, *options.ext_authz_endpoint()))
     if site.needs_processing():
         clusters.append(_grpc_service(EXT_PROC_CLUSTER, *options.ext_proc_endpoint()))

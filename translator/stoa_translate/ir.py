@@ -9,17 +9,21 @@ id, issuers by tenant then issuer).
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stoa_proto import inventory_pb2
+from stoa_proto import inventory_pb2, mcp_pb2
 
 from stoa_translate import fields
+from stoa_translate import tools as tool_rules
 from stoa_translate.policies import KINDS, PROCESSING_KINDS, ConfigError
 from stoa_translate.refusal import FailureReason, Refusal, invalid
 
 DEFAULT_AUTH_MODE = "jwt"
+MCP_KIND = "mcp"
+MCP_MODULE_CLUSTER = "stoa_mcp_module"
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,8 @@ class Backend:
 
     @property
     def cluster_name(self) -> str:
+        if self.scheme == MCP_KIND:
+            return MCP_MODULE_CLUSTER
         return f"backend_{self.scheme}_{self.host}_{self.port}"
 
     @property
@@ -65,6 +71,8 @@ class RouteIR:
     policies: tuple[tuple[str, Any], ...] = ()
     # Where the route's decision runs (`stoa_translate.decision.placement`); set after `build`.
     placement: str = "service"
+    # "" (proxied to its backend) or "mcp" (to the site's MCP module, path kept as is).
+    kind: str = ""
 
     def policy(self, kind: str) -> Any | None:
         return next((ir for name, ir in self.policies if name == kind), None)
@@ -97,6 +105,11 @@ class SiteIR:
     generation: int
     routes: tuple[RouteIR, ...]
     issuers: tuple[IssuerIR, ...]
+    # The tools of the tenants with an MCP route here, by (tenant, name); checked by the tool rules.
+    tools: tuple[mcp_pb2.Tool, ...] = ()
+
+    def needs_mcp(self) -> bool:
+        return any(route.kind == MCP_KIND for route in self.routes)
 
     def needs(self, kind: str) -> bool:
         return any(route.policy(kind) is not None for route in self.routes)
@@ -156,8 +169,44 @@ def build(
     for issuer in issuers:
         if not issuer.issuer:
             raise _invalid(f"tenant {issuer.tenant_id}: trusted issuer without an issuer name")
-    site = SiteIR(inventory.gateway_id, inventory.generation, tuple(routes), tuple(issuers))
+    mcp_tenants = {route.tenant_id for route in routes if route.kind == MCP_KIND}
+    tools = tuple(
+        sorted(
+            (t for t in inventory.tools if t.tenant_id in mcp_tenants), key=lambda t: (t.tenant_id, t.name)
+        )
+    )
+    _check_tools(tools)
+    site = SiteIR(inventory.gateway_id, inventory.generation, tuple(routes), tuple(issuers), tools)
     return site, resolved
+
+
+def _check_tools(tools: tuple[mcp_pb2.Tool, ...]) -> None:
+    """The tool rules the CP applied at the write (`stoa_translate.tools`), as the site's own defence."""
+    seen: set[tuple[str, str]] = set()
+    for tool in tools:
+        where = f"tool {tool.tenant_id}/{tool.name}"
+        if (tool.tenant_id, tool.name) in seen:
+            raise _invalid(f"{where}: duplicate tool name")
+        seen.add((tool.tenant_id, tool.name))
+        try:
+            tool_rules.name(tool.name)
+            input_schema = tool_rules.schema("input_schema", _json(tool.input_schema_json))
+            if tool.output_schema_json:
+                tool_rules.schema("output_schema", _json(tool.output_schema_json))
+            if tool.annotations_json:
+                tool_rules.annotations(_json(tool.annotations_json))
+            tool_rules.path_template(tool.path_template, input_schema)
+            tool_rules.method(tool.method, ())
+            fields.upstream_url(tool.upstream_url)
+        except ValueError as exc:
+            raise _invalid(f"{where}: {exc}") from None
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _route(route: inventory_pb2.Route, backends: dict[str, tuple[Backend, str] | str]) -> RouteIR:
@@ -174,7 +223,17 @@ def _route(route: inventory_pb2.Route, backends: dict[str, tuple[Backend, str] |
         methods = tuple(sorted(fields.methods(route.methods)))
     except ValueError as exc:
         raise _invalid(f"{where}: methods: {exc}") from None
-    backend, base_path = _upstream(route.upstream_url, where, backends)
+    if route.kind not in ("", MCP_KIND):
+        raise _invalid(f"{where}: kind {route.kind!r} is not one of http (''), mcp")
+    if route.kind == MCP_KIND:
+        if route.upstream_url:
+            raise _invalid(f"{where}: an MCP route has no upstream_url")
+        if not route.envelope:
+            raise _invalid(f"{where}: an MCP route needs the identity envelope (its callers' identity)")
+        # The module reads the route from the envelope; the path reaches it as the client sent it.
+        backend, base_path = Backend(MCP_KIND, "", 0, True), ""
+    else:
+        backend, base_path = _upstream(route.upstream_url, where, backends)
     try:
         auth_mode = fields.auth_mode(route.auth_mode or DEFAULT_AUTH_MODE)
         scopes = tuple(fields.scopes(route.scopes))
@@ -195,6 +254,7 @@ def _route(route: inventory_pb2.Route, backends: dict[str, tuple[Backend, str] |
         scopes=scopes,
         forward_credential=route.forward_credential,
         envelope=route.envelope,
+        kind=route.kind,
     )
 
 

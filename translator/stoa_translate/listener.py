@@ -27,6 +27,7 @@ from google.protobuf import message, wrappers_pb2
 from stoa_proto import client_headers
 from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES, PROC_BODIES
 
+from stoa_translate import mcp
 from stoa_translate.decision import error_contract, jwt_authn, placement
 from stoa_translate.filters import (
     BUFFER_FILTER,
@@ -257,6 +258,8 @@ def _local_replies(site: SiteIR) -> hcm.LocalReplyConfig:
     native = error_contract.local_reply_mappers() if placement.uses(site, *placement.TOKEN_BY_ENVOY) else []
     return hcm.LocalReplyConfig(
         mappers=[
+            # An MCP route's metadata document and 401 challenge (RFC 9728) before anything else.
+            *mcp.local_replies(site),
             # Envoy's own decisions first: an rbac claims denial is a local 403 like an address one.
             *native,
             *(_processing_replies() if site.needs_processing() else ()),

@@ -21,6 +21,8 @@ class TranslateOptions:
     ext_authz_timeout_ms: int = 250
     # host:port of the processing service's gRPC endpoint (used when a route has a body policy).
     ext_proc_address: str = "127.0.0.1:9291"
+    # host:port of the site's MCP module (streamable HTTP), where the MCP routes go.
+    mcp_address: str = "127.0.0.1:9391"
     default_route_timeout_ms: int = 15000
     xff_num_trusted_hops: int = 0
     # Identity header names (or prefixes ending in "*") this site's upstreams trust, removed on top of
@@ -49,6 +51,7 @@ class TranslateOptions:
             raise ValueError(f"listener_port {self.listener_port} is not a TCP port")
         self.ext_authz_endpoint()
         self.ext_proc_endpoint()
+        self.mcp_endpoint()
         if not 0 < self.ext_authz_timeout_ms <= 60_000:
             raise ValueError(f"ext_authz_timeout_ms {self.ext_authz_timeout_ms} is not in 1..60000")
         if self.default_route_timeout_ms <= 0:
@@ -73,6 +76,9 @@ class TranslateOptions:
 
     def ext_proc_endpoint(self) -> tuple[str, int]:
         return _endpoint("ext_proc_address", self.ext_proc_address)
+
+    def mcp_endpoint(self) -> tuple[str, int]:
+        return _endpoint("mcp_address", self.mcp_address)
 
     def to_settings(self) -> inventory_pb2.TranslateSettings:
         """These options as the Link reports them to the CP (field for field)."""

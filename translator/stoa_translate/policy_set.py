@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 from typing import TypeVar
 
-from stoa_proto import authz_pb2, inventory_pb2, proc_pb2
+from stoa_proto import authz_pb2, inventory_pb2, mcp_pb2, proc_pb2
 
 from stoa_translate.decision import placement
-from stoa_translate.ir import SiteIR
+from stoa_translate.ir import MCP_KIND, SiteIR
 from stoa_translate.policies import PROCESSING_KINDS
 
 POLICY_SET_NAME = "default"
@@ -65,6 +65,26 @@ def _stamped(content: PolicySetT, site: SiteIR) -> PolicySetT:
     the generation), then told its gateway and generation."""
     content.version = hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()[:16]
     content.name = POLICY_SET_NAME
+    content.gateway_id = site.gateway_id
+    content.generation = site.generation
+    return content
+
+
+def render_mcp_policy_set(site: SiteIR) -> mcp_pb2.McpPolicySet:
+    """The McpPolicySet `default`: the MCP routes and the tools of their tenants (versioned by content)."""
+    content = mcp_pb2.McpPolicySet(
+        routes=[
+            mcp_pb2.McpRoute(
+                route_id=r.route_id, tenant_id=r.tenant_id, api_id=r.api_id, path_prefix=r.path_prefix
+            )
+            for r in site.routes
+            if r.kind == MCP_KIND
+        ],
+        tools=site.tools,
+    )
+    version = hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()[:16]
+    content.name = POLICY_SET_NAME
+    content.version = version
     content.gateway_id = site.gateway_id
     content.generation = site.generation
     return content

@@ -27,6 +27,7 @@ from google.protobuf import any_pb2, duration_pb2, message
 from stoa_proto.decisions import API_HEADER, TENANT_HEADER
 from stoa_proto.paths import HIDDEN_DOT_SEGMENT
 
+from stoa_translate import mcp
 from stoa_translate.decision import claims, jwt_authn, placement
 from stoa_translate.filters import (
     BUFFER_FILTER,
@@ -41,7 +42,7 @@ from stoa_translate.filters import (
     packed,
     virtual_host_configs,
 )
-from stoa_translate.ir import RouteIR, SiteIR
+from stoa_translate.ir import MCP_KIND, RouteIR, SiteIR
 from stoa_translate.options import TranslateOptions
 from stoa_translate.policies import KINDS
 
@@ -85,6 +86,8 @@ def render_routes(
     for name, per_filter in virtual_host_configs(policy_set_version, proc_version).items():
         host.typed_per_filter_config[name].CopyFrom(per_filter)
     host.routes.append(_refuse_hidden_dot_segment())
+    # Exact paths, before every prefix entry (a route with prefix "/" would take them otherwise).
+    host.routes.extend(mcp.well_known_entries(site))
     # Parsed in place: appending a built virtual host would copy all of its entries once more.
     host.MergeFromString(b"".join(parts))
     return config, rendered
@@ -130,9 +133,14 @@ def _entries(route: RouteIR, options: TranslateOptions) -> list[route_components
     action = route_components_pb2.RouteAction(
         cluster=route.backend.cluster_name,
         timeout=_millis(route.timeout_ms or options.default_route_timeout_ms),
-        host_rewrite_literal=route.backend.authority,
     )
-    _rewrite(route, action)
+    if route.kind == MCP_KIND:
+        # The module serves streams (GET) that outlive any request timeout; tools/call is bounded by
+        # the module itself. Never retried: Envoy has no retry policy on any route.
+        action.timeout.FromMilliseconds(0)
+    else:
+        action.host_rewrite_literal = route.backend.authority
+        _rewrite(route, action)
     identity = _identity_headers(route)
     configs = per_route_configs(route, options)
     entries = []

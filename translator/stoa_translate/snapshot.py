@@ -19,11 +19,14 @@ LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
 ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 AUTHZ_POLICY_SET = "type.googleapis.com/stoa.authz.v1.AuthzPolicySet"
 PROC_POLICY_SET = "type.googleapis.com/stoa.proc.v1.ProcPolicySet"
+MCP_POLICY_SET = "type.googleapis.com/stoa.mcp.v1.McpPolicySet"
+# Relayed by the Link as the CP signed it, outside every snapshot (never rolled back with Envoy's).
+TOOL_PERMISSIONS = "type.googleapis.com/stoa.mcp.v1.ToolPermissions"
 
 # Envoy's own types, in the order a state-of-the-world publication must follow.
 ENVOY_TYPES: tuple[str, ...] = (CLUSTER, LISTENER, ROUTE)
 # Types served to the site services; published (and acknowledged) before Envoy's.
-SITE_SERVICE_TYPES: tuple[str, ...] = (AUTHZ_POLICY_SET, PROC_POLICY_SET)
+SITE_SERVICE_TYPES: tuple[str, ...] = (AUTHZ_POLICY_SET, PROC_POLICY_SET, MCP_POLICY_SET)
 
 
 def resource_name(resource: Message) -> str:

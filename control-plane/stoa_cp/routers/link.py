@@ -3,6 +3,7 @@ credential is accepted (401 none/unknown, 403 another gateway's)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ from stoa_cp.auth import GatewayCredential
 from stoa_cp.dependencies import Db
 from stoa_cp.problems import PROBLEM_RESPONSES, invalid, not_found
 from stoa_cp.schemas import GatewayStatus, unstorable
-from stoa_cp.store import gateways, sync_reports
+from stoa_cp.store import gateways, sync_reports, tool_permissions
 from stoa_cp.store.inventory import InventoryCache
 
 log = logging.getLogger("stoa_cp.link")
@@ -59,7 +60,9 @@ async def stream_events(
     db: Db,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
-    """The current inventory whenever its generation is above the last one sent (or Last-Event-ID)."""
+    """The current inventory whenever its generation is above the last one sent (or Last-Event-ID);
+    and the gateway's signed tool permissions, at connection and whenever they are signed again, as
+    `tool-permissions` events without an id (they are not generations: Last-Event-ID stays one)."""
     try:
         last_sent = int(last_event_id) if last_event_id not in (None, "") else 0
     except ValueError:
@@ -71,6 +74,7 @@ async def stream_events(
 
     async def stream() -> AsyncIterator[ServerSentEvent]:
         nonlocal last_sent
+        permissions_sent = 0
         with events.subscribe(gateway_id) as wake:
             woken = time.perf_counter()
             while True:
@@ -93,6 +97,15 @@ async def stream_events(
                         (time.perf_counter() - ready) * 1000,
                     )
                     last_sent = generation
+                async with db.connection() as conn:
+                    permissions = await tool_permissions.current(conn, gateway_id)
+                if permissions is not None and permissions.seq > permissions_sent:
+                    yield ServerSentEvent(
+                        data=json.dumps({"seq": permissions.seq, "jws": permissions.jws}),
+                        event="tool-permissions",
+                    )
+                    log.info("tool_permissions_sent gateway=%s seq=%d", gateway_id, permissions.seq)
+                    permissions_sent = permissions.seq
                 await wake.wait()
                 woken = time.perf_counter()
 

@@ -9,9 +9,10 @@ import asyncpg
 from stoa_cp.problems import Problem, Taken, not_found
 from stoa_cp.schemas import ApiAuth, ApiFields, ApiIn, ApiOut
 from stoa_cp.store.database import Database
-from stoa_cp.store.publication import bump, bury, lock_tenant
+from stoa_cp.store.publication import bump, bury, lock_tenant, tenant_gateways
 
 COLUMNS = (
+    "kind",
     "name",
     "upstream_url",
     "path_prefix",
@@ -27,7 +28,7 @@ INSERT = f"INSERT INTO apis (api_id, tenant_id, {', '.join(COLUMNS)}) VALUES ($1
 _SETS = ", ".join(f"{c} = ${i}" for i, c in enumerate(COLUMNS, start=2))
 UPDATE = f"UPDATE apis SET {_SETS}, updated_at = now() WHERE api_id = $1"  # noqa: S608 - constant text
 _SELECT = (
-    "SELECT a.api_id, a.tenant_id, a.name, a.upstream_url, a.path_prefix, a.methods, a.timeout_ms,"
+    "SELECT a.api_id, a.tenant_id, a.kind, a.name, a.upstream_url, a.path_prefix, a.methods, a.timeout_ms,"
     " a.auth_mode, a.scopes, a.forward_credential, a.envelope,"
     " COALESCE((SELECT array_agg(d.gateway_id ORDER BY d.gateway_id)"
     " FROM deployments d WHERE d.api_id = a.api_id), '{}') AS deployed_on FROM apis a"
@@ -37,8 +38,10 @@ _SELECT = (
 def columns(api_id: str, body: ApiFields) -> dict[str, Any]:
     """The stored columns of an API body (defaults filled in)."""
     return {
+        "kind": body.kind,
         "name": body.name,
-        "upstream_url": body.upstream_url,
+        # An MCP route has no upstream (the column keeps '' for it).
+        "upstream_url": body.upstream_url or "",
         "path_prefix": body.path_prefix or f"/apis/{api_id}",
         "methods": body.methods,
         "timeout_ms": body.timeout_ms or 0,
@@ -54,7 +57,8 @@ def _out(row: asyncpg.Record) -> ApiOut:
         api_id=row["api_id"],
         tenant_id=row["tenant_id"],
         name=row["name"],
-        upstream_url=row["upstream_url"],
+        kind=row["kind"],
+        upstream_url=row["upstream_url"] or None,
         path_prefix=row["path_prefix"],
         methods=list(row["methods"]),
         timeout_ms=row["timeout_ms"] or None,
@@ -150,7 +154,11 @@ async def update(db: Database, tenant_id: str, api_id: str, body: ApiFields) -> 
             await conn.execute(UPDATE, api_id, *(values[c] for c in COLUMNS))
         except asyncpg.UniqueViolationError as exc:
             raise await _taken(db, exc, api_id, values["path_prefix"]) from None
-        await bump(conn, current["deployed_on"])
+        reach = set(current["deployed_on"])
+        if await conn.fetchval("SELECT 1 FROM tools WHERE api_id = $1 LIMIT 1", api_id):
+            # Its tools carry its upstream to every gateway where the tenant's MCP routes are.
+            reach.update(await tenant_gateways(conn, tenant_id))
+        await bump(conn, reach)
         return _out(await _read(conn, tenant_id, api_id))
 
 
@@ -159,6 +167,11 @@ async def delete(db: Database, tenant_id: str, api_id: str) -> None:
     async with db.transaction() as conn:
         await lock_tenant(conn, tenant_id, "share")
         current = await _read(conn, tenant_id, api_id, lock=True)
+        used_by = await conn.fetchval(
+            "SELECT string_agg(name, ', ' ORDER BY name) FROM tools WHERE api_id = $1", api_id
+        )
+        if used_by:
+            raise Problem(409, "Conflict", [("api_id", f"API {api_id!r} backs the tools {used_by}")])
         await bury(conn, [api_id], await bump(conn, current["deployed_on"]))
         await conn.execute("DELETE FROM apis WHERE api_id = $1", api_id)
 

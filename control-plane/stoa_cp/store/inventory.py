@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import asyncpg
 from google.protobuf import json_format
-from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
+from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2, mcp_pb2
 from stoa_translate.policies import KINDS, read_config
 
 from stoa_cp.store.database import Database
@@ -65,11 +65,13 @@ SELECT coalesce(string_agg({
             ("scopes", "a.scopes", "strings"),
             ("forward_credential", "a.forward_credential", "bool"),
             ("envelope", "a.envelope", "bool"),
+            ("kind", "CASE WHEN a.kind = 'http' THEN '' ELSE a.kind END", "string"),
         )
     )
 }, ',' ORDER BY a.api_id), '') AS json,
        coalesce(array_agg(a.api_id ORDER BY a.api_id), '{{}}') AS route_ids,
-       coalesce(array_agg(a.tenant_id ORDER BY a.api_id), '{{}}') AS tenant_ids
+       coalesce(array_agg(a.tenant_id ORDER BY a.api_id), '{{}}') AS tenant_ids,
+       coalesce(array_agg(DISTINCT a.tenant_id) FILTER (WHERE a.kind = 'mcp'), '{{}}') AS mcp_tenants
   FROM deployments d JOIN apis a ON a.api_id = d.api_id
  WHERE d.gateway_id = $1
 """  # noqa: S608
@@ -117,6 +119,7 @@ async def build(conn: asyncpg.Connection, gateway_id: str) -> Document | None:
         " WHERE tenant_id = ANY($1::text[]) AND NOT stale ORDER BY tenant_id, issuer",
         tenants,
     )
+    tools = await conn.fetch(TOOLS, list(routes["mcp_tenants"]))
 
     inv = inventory_pb2.Inventory(
         schema_version=INVENTORY_SCHEMA_VERSION, gateway_id=gateway_id, generation=int(generation)
@@ -143,7 +146,38 @@ async def build(conn: asyncpg.Connection, gateway_id: str) -> Document | None:
             jwks_json=json.dumps(row["jwks"], sort_keys=True, separators=(",", ":")),
             jwks_uri=row["jwks_uri"] or "",
         )
+    for row in tools:
+        inv.tools.append(tool_message(row))
     return Document(inv, routes["json"], tombstones, len(all_routes))
+
+
+# The tools of the tenants that have an MCP route on the gateway, with their API's upstream.
+TOOLS = (
+    "SELECT t.tenant_id, t.name, t.description, t.input_schema, t.output_schema, t.annotations, t.api_id,"
+    " t.method, t.path_template, a.upstream_url, a.timeout_ms"
+    " FROM tools t JOIN apis a ON a.api_id = t.api_id"
+    " WHERE t.tenant_id = ANY($1::text[]) ORDER BY t.tenant_id, t.name"
+)
+
+
+def _json_text(value: object) -> str:
+    return "" if value is None else json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def tool_message(row: asyncpg.Record) -> mcp_pb2.Tool:
+    return mcp_pb2.Tool(
+        tenant_id=row["tenant_id"],
+        name=row["name"],
+        description=row["description"],
+        input_schema_json=_json_text(row["input_schema"]),
+        output_schema_json=_json_text(row["output_schema"]),
+        annotations_json=_json_text(row["annotations"]),
+        api_id=row["api_id"],
+        method=row["method"],
+        path_template=row["path_template"],
+        upstream_url=row["upstream_url"],
+        timeout_ms=row["timeout_ms"] or 0,
+    )
 
 
 def applicable(

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
-from stoa_translate.snapshot import Snapshot
+from stoa_proto import mcp_pb2
+from stoa_translate.snapshot import TOOL_PERMISSIONS, Snapshot
 
 from stoa_link.ads.identity import TlsMaterial, peer_identity
 from stoa_link.ads.publish import Publisher, PublishResult
@@ -49,6 +50,7 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._server: grpc.aio.Server | None = None
         self._streams = Streams(self._allowed)
         self._publisher = Publisher(self._streams, self._allowed, ack_timeout_s)
+        self.permissions_seq = 0
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -124,6 +126,21 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     async def publish(self, snapshot: Snapshot) -> PublishResult:
         """Serve `snapshot` to every client; SYNCED-worthy only when every client ACKed every type."""
         return await self._publisher.publish(snapshot)
+
+    def serve_permissions(self, seq: int, jws: str) -> bool:
+        """Serve the CP's signed tool permissions to the MCP module, unless they are older than those
+        served already (the Link never serves an older artifact: a replayed event is dropped)."""
+        if seq <= self.permissions_seq:
+            log.info(
+                "tool_permissions_not_newer",
+                extra={"fields": {"seq": seq, "served_seq": self.permissions_seq}},
+            )
+            return False
+        self.permissions_seq = seq
+        resource = mcp_pb2.ToolPermissions(name="default", version=str(seq), seq=seq, jws=jws)
+        self._streams.serve(TOOL_PERMISSIONS, str(seq), (resource,))
+        log.info("tool_permissions_served", extra={"fields": {"seq": seq}})
+        return True
 
     # ---- the gRPC service -----------------------------------------------------------------------
 

@@ -23,7 +23,14 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
-from stoa_translate.snapshot import CLUSTER, LISTENER, ROUTE, SITE_SERVICE_TYPES, resource_name
+from stoa_translate.snapshot import (
+    CLUSTER,
+    LISTENER,
+    ROUTE,
+    SITE_SERVICE_TYPES,
+    TOOL_PERMISSIONS,
+    resource_name,
+)
 
 log = logging.getLogger("stoa_link.ads")
 
@@ -140,8 +147,11 @@ class Streams:
         return self._served.get(type_url)
 
     def withdraw(self) -> None:
-        """Serve nothing: a client that connects from now on gets no configuration."""
-        self._served.clear()
+        """Serve no configuration: a client that connects from now on gets none. The signed tool
+        permissions stay: they are not part of any snapshot (the module verifies them itself)."""
+        for type_url in list(self._served):
+            if type_url != TOOL_PERMISSIONS:
+                del self._served[type_url]
 
     def serve(self, type_url: str, version: str, resources: tuple[Message, ...]) -> str:
         """Serve `resources` as `version` from now on; the digest of their content.

@@ -1,0 +1,269 @@
+"""MCP on the CP: API kind mcp, the tool registry (validated by the translator's rules), grants and
+revocations (tenant-scoped, audited), and the signed tool permissions (re-signed on every change,
+seq growing, no generation moved), delivered on the gateway's event stream."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from httpx_sse import aconnect_sse
+from stoa_cp.permissions import write_key
+from stoa_harness.cp_client import CPError
+from stoa_harness.wait import wait_until_async
+
+SCHEMA = {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}
+
+
+def claims(jws: str) -> dict:
+    body = jws.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+
+
+def header(jws: str) -> dict:
+    head = jws.split(".")[0]
+    return json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
+
+
+@pytest.fixture(scope="module")
+def key_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("signing")
+    write_key(folder / "0001.pem")
+    return folder
+
+
+@pytest.fixture
+async def signing_cp(cp_factory, idp, key_dir):
+    return await cp_factory(
+        mcp_signing_key_dir=str(key_dir),
+        mcp_permissions_check_s=0.2,
+        oidc_issuers=[idp.issuer],
+        sse_ping_s=0.5,
+    )
+
+
+async def _setup(client, tenant_id: str) -> str:
+    await client.create_tenant(tenant_id)
+    api_id = f"orders-{uuid.uuid4().hex[:6]}"
+    await client.create_api(
+        api_id, tenant_id=tenant_id, upstream_url="http://127.0.0.1:9000/v1", methods=["GET"]
+    )
+    return api_id
+
+
+async def test_mcp_api_kind_has_no_upstream_and_carries_the_envelope(api):
+    tenant_id = await api.tenant()
+    created = await api.client.create_mcp_api(
+        api.uid("mcp"), tenant_id=tenant_id, path_prefix=f"/{api.uid('m')}"
+    )
+    assert created["kind"] == "mcp"
+    assert created["upstream_url"] is None
+    assert created["auth"]["envelope"] is True
+    refused = await api.admin.post(
+        f"/v1/tenants/{tenant_id}/apis",
+        json={
+            "api_id": api.uid("x"),
+            "name": "x",
+            "kind": "mcp",
+            "upstream_url": "http://127.0.0.1:1",
+            "methods": ["GET"],
+        },
+    )
+    assert refused.status_code == 422
+    assert refused.json()["errors"][0]["field"] == "upstream_url"
+    refused = await api.admin.post(
+        f"/v1/tenants/{tenant_id}/apis",
+        json={
+            "api_id": api.uid("x"),
+            "name": "x",
+            "kind": "mcp",
+            "methods": ["GET"],
+            "auth": {"mode": "none"},
+        },
+    )
+    assert refused.status_code == 422
+    assert refused.json()["errors"][0]["field"] == "auth.mode"
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"input_schema": {"type": "object", "properties": {"id": {"type": 7}}}}, "input_schema"),
+        ({"input_schema": {"type": "array"}}, "input_schema.type"),
+        ({"path_template": "/orders/{order}"}, "path_template"),
+        ({"path_template": "orders"}, "path_template"),
+        ({"method": "POST"}, "method"),
+        ({"output_schema": {"type": "string"}}, "output_schema.type"),
+        ({"annotations": {"readOnlyHint": "yes"}}, "annotations.readOnlyHint"),
+        ({"name": "has space"}, "name"),
+    ],
+)
+async def test_tools_are_refused_by_the_rules_naming_the_field(api, change, field):
+    tenant_id = await api.tenant()
+    api_id = await api.new_api(tenant_id)
+    body = {
+        "description": "Get an order",
+        "input_schema": SCHEMA,
+        "api_id": api_id,
+        "method": "GET",
+        "path_template": "/orders/{id}",
+        **change,
+    }
+    with pytest.raises(CPError) as refused:
+        await api.client.create_tool(body.pop("name", "get_order"), tenant_id=tenant_id, **body)
+    assert refused.value.status_code == 422
+    assert refused.value.fields == [field]
+
+
+async def test_tools_crud_and_the_inventory(api):
+    tenant_id = await api.tenant()
+    gateway_id, credential = await api.gateway()
+    backing = await api.new_api(tenant_id, methods=["GET", "POST"])
+    mcp_api = api.uid("mcp")
+    await api.client.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{api.uid('m')}")
+    await api.deploy(gateway_id, mcp_api)
+    before = await api.generation(gateway_id)
+    tool = await api.client.create_tool(
+        "get_order",
+        tenant_id=tenant_id,
+        description="Get an order",
+        input_schema=SCHEMA,
+        api_id=backing,
+        method="get",
+        path_template="/orders/{id}",
+        annotations={"readOnlyHint": True},
+    )
+    assert tool["method"] == "GET"
+    assert await api.generation(gateway_id) == before + 1
+    inventory = await api.inventory(gateway_id, credential)
+    [shipped] = inventory["tools"]
+    assert shipped["name"] == "get_order"
+    assert shipped["upstream_url"] == "http://127.0.0.1:9000"
+    assert json.loads(shipped["input_schema_json"]) == SCHEMA
+    assert [r["kind"] for r in inventory["routes"]] == ["mcp"]
+    with pytest.raises(CPError) as taken:
+        await api.client.create_tool(
+            "get_order",
+            tenant_id=tenant_id,
+            description="x",
+            input_schema=SCHEMA,
+            api_id=backing,
+            method="GET",
+            path_template="/o",
+        )
+    assert taken.value.status_code == 409
+    with pytest.raises(CPError) as in_use:
+        await api.client.delete_api(backing, tenant_id=tenant_id)
+    assert in_use.value.status_code == 409
+    await api.client.delete_tool("get_order", tenant_id=tenant_id)
+    assert (await api.inventory(gateway_id, credential))["tools"] == []
+
+
+async def test_tools_of_another_tenant_do_not_exist(api, cp, idp):
+    tenant_id = await api.tenant()
+    other = await api.tenant()
+    backing = await api.new_api(tenant_id)
+    await api.client.create_tool(
+        "t1",
+        tenant_id=tenant_id,
+        description="d",
+        input_schema=SCHEMA,
+        api_id=backing,
+        method="GET",
+        path_template="/o/{id}",
+    )
+    token = idp.role_token("tenant_admin", tenant=other)
+    async with cp.client(token) as theirs:
+        with pytest.raises(CPError) as hidden:
+            await theirs.tools(tenant_id)
+        assert hidden.value.status_code == 404
+        with pytest.raises(CPError) as not_theirs:
+            await theirs.create_tool(
+                "t2",
+                tenant_id=other,
+                description="d",
+                input_schema=SCHEMA,
+                api_id=backing,
+                method="GET",
+                path_template="/o/{id}",
+            )
+        assert not_theirs.value.status_code == 404
+        assert not_theirs.value.fields == ["api_id"]
+
+
+async def test_grants_revocations_sign_permissions_without_a_generation(signing_cp, key_dir):
+    async with signing_cp.client() as client:
+        tenant_id = f"t-{uuid.uuid4().hex[:6]}"
+        backing = await _setup(client, tenant_id)
+        gateway_id = f"gw-{uuid.uuid4().hex[:6]}"
+        credential = (await client.create_gateway(gateway_id))["credential"]
+        mcp_api = f"mcp-{uuid.uuid4().hex[:6]}"
+        await client.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{mcp_api}")
+        await client.create_tool(
+            "get_order",
+            tenant_id=tenant_id,
+            description="d",
+            input_schema=SCHEMA,
+            api_id=backing,
+            method="GET",
+            path_template="/o/{id}",
+        )
+        await client.deploy(mcp_api, gateway_id)
+        seen: list[dict] = []
+        async with httpx.AsyncClient(
+            base_url=signing_cp.url, headers={"authorization": f"Bearer {credential}"}, timeout=10
+        ) as link:
+
+            async def follow() -> None:
+                async with aconnect_sse(link, "GET", f"/v1/gateways/{gateway_id}/events") as source:
+                    async for event in source.aiter_sse():
+                        if event.event == "tool-permissions":
+                            seen.append(json.loads(event.data))
+
+            reader = asyncio.create_task(follow())
+            try:
+                await asyncio.wait_for(_until(lambda: seen), 10)
+                first = claims(seen[-1]["jws"])
+                assert first["aud"] == gateway_id
+                assert first["grants"] == []
+                assert first["exp"] - first["iat"] <= 900
+                assert header(seen[-1]["jws"])["alg"] == "EdDSA"
+                generation = int((await client.gateway(gateway_id))["generation"])
+                await client.grant_tool("g1", "get_order", tenant_id=tenant_id, scopes=["tools:read"])
+                await asyncio.wait_for(_until(lambda: claims(seen[-1]["jws"])["grants"]), 10)
+                granted = claims(seen[-1]["jws"])
+                assert granted["seq"] > first["seq"]
+                assert granted["grants"][0]["scopes"] == ["tools:read"]
+                await client.revoke_tool("r1", "get_order", tenant_id=tenant_id, consumer="bob")
+                await asyncio.wait_for(_until(lambda: claims(seen[-1]["jws"])["revocations"]), 10)
+                assert claims(seen[-1]["jws"])["revocations"][0]["consumer"] == "bob"
+                await client.lift_revocation("r1", tenant_id=tenant_id)
+                await asyncio.wait_for(_until(lambda: not claims(seen[-1]["jws"])["revocations"]), 10)
+                assert int((await client.gateway(gateway_id))["generation"]) == generation
+                seqs = [s["seq"] for s in seen]
+                assert seqs == sorted(set(seqs))
+                # Rotation: a later key signs from the next round; the JWKS lists both.
+                old_kid = header(seen[-1]["jws"])["kid"]
+                new_kid = write_key(key_dir / "0002.pem")
+                await asyncio.wait_for(_until(lambda: header(seen[-1]["jws"])["kid"] == new_kid), 10)
+                async with signing_cp.admin() as admin:
+                    keys = (await admin.get("/v1/tool-permissions/keys")).json()["keys"]
+                assert {k["kid"] for k in keys} == {old_kid, new_kid}
+            finally:
+                reader.cancel()
+        async with signing_cp.admin() as admin:
+            audit = (await admin.get("/v1/audit", params={"tenant": tenant_id})).json()
+        assert {
+            f"POST /v1/tenants/{tenant_id}/tool-grants",
+            f"DELETE /v1/tenants/{tenant_id}/tool-revocations/r1",
+        } <= {f"{e['method']} {e['path']}" for e in audit}
+
+
+async def _until(condition) -> None:
+    """Until `condition()` holds (callers bound it with a deadline)."""
+    await wait_until_async(condition, 10, "the tool permissions to change")

@@ -1,0 +1,81 @@
+"""Calling a tool: the arguments checked against its input schema, then one request to the backing
+API's upstream — directly, with the caller's identity envelope and a bounded timeout, never retried —
+and its answer as the tool's result (`structuredContent` too when the tool has an output schema).
+
+The grant is the authorization of the call; the API's own route (its token check, its rate limit) is
+not on this path, the MCP budget is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import httpx
+import mcp_types as types
+from stoa_proto.decisions import IDENTITY_HEADER
+from stoa_translate.tools import ToolError, expand
+
+from stoa_mcp.registry import CompiledTool
+
+log = logging.getLogger("stoa_mcp.call")
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+MAX_RESPONSE_BYTES = 1024 * 1024
+
+
+def error_result(message: str) -> types.CallToolResult:
+    """A tool error the agent can read and act on (not a protocol error)."""
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
+
+
+def invalid_arguments(tool: CompiledTool, arguments: dict[str, Any]) -> str | None:
+    """Why `arguments` do not satisfy the tool's input schema (the first problem), or None."""
+    error = next(iter(sorted(tool.input_validator.iter_errors(arguments), key=lambda e: list(e.path))), None)
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"invalid arguments{f' at /{where}' if where else ''}: {error.message}"
+
+
+async def invoke(
+    client: httpx.AsyncClient, tool: CompiledTool, arguments: dict[str, Any], envelope: str, timeout_ms: int
+) -> types.CallToolResult:
+    problem = invalid_arguments(tool, arguments)
+    if problem is not None:
+        return error_result(problem)
+    try:
+        path, rest = expand(tool.path_template, arguments)
+    except ToolError as exc:
+        return error_result(f"invalid arguments: {exc}")
+    url = tool.upstream_url.rstrip("/") + path
+    timeout = min(timeout_ms, tool.timeout_ms or timeout_ms) / 1000
+    request: dict[str, Any] = {"headers": {IDENTITY_HEADER: envelope, "accept": "application/json"}}
+    if tool.method in BODY_METHODS:
+        request["json"] = rest
+    elif rest:
+        request["params"] = {k: v if isinstance(v, str) else json.dumps(v) for k, v in rest.items()}
+    try:
+        response = await client.request(tool.method, url, timeout=timeout, **request)
+    except httpx.TimeoutException:
+        return error_result(f"the API did not answer within {timeout:g} s")
+    except httpx.HTTPError as exc:
+        log.warning("upstream unreachable", extra={"tool": tool.name, "error": type(exc).__name__})
+        return error_result("the API could not be reached")
+    body = response.content[:MAX_RESPONSE_BYTES]
+    text = body.decode("utf-8", "replace")
+    if not response.is_success:
+        return error_result(f"the API answered {response.status_code}: {text[:2000]}")
+    if tool.output_validator is None:
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+    try:
+        structured = json.loads(body)
+    except ValueError:
+        return error_result("the API's answer is not JSON, and the tool declares an output schema")
+    failing = next(iter(tool.output_validator.iter_errors(structured)), None)
+    if failing is not None:
+        return error_result(f"the API's answer does not match the tool's output schema: {failing.message}")
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(structured))], structured_content=structured
+    )

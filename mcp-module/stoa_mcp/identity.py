@@ -1,0 +1,116 @@
+"""The caller, only from the verified `x-stoa-identity` envelope the authorization service signed for
+this request (EdDSA, its keys from its published JWKS, fetched again at an unknown `kid` at most every
+few seconds). Nothing else the request carries names the caller.
+
+The consumer is the envelope's `consumer` when the authorization service resolved one, else its
+`sub` (the token's subject): grants name consumers by that value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from stoa_mcp.permissions import Caller
+
+log = logging.getLogger("stoa_mcp.identity")
+REFETCH_MIN_INTERVAL_S = 5.0
+
+
+class NotIdentified(Exception):
+    """No usable envelope: the request is refused (the message is for the log, never the client)."""
+
+
+def _b64(segment: str) -> bytes:
+    try:
+        return base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+    except (binascii.Error, ValueError):
+        raise NotIdentified("envelope is not base64url") from None
+
+
+class EnvelopeVerifier:
+    def __init__(
+        self, jwks_url: str, issuer: str, skew_s: int = 30, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._url = jwks_url
+        self._issuer = issuer
+        self._skew_s = skew_s
+        self._clock = clock
+        self._keys: dict[str, Ed25519PublicKey] = {}
+        self._fetched_at = float("-inf")
+        self._lock = asyncio.Lock()
+
+    @property
+    def has_keys(self) -> bool:
+        return bool(self._keys)
+
+    async def refresh(self) -> None:
+        """Fetch the authorization service's keys (bounded; the keys held stay on failure)."""
+        async with self._lock:
+            if time.monotonic() - self._fetched_at < REFETCH_MIN_INTERVAL_S and self._keys:
+                return
+            self._fetched_at = time.monotonic()
+            try:
+                async with httpx.AsyncClient(timeout=2.0) as client:
+                    response = await client.get(self._url)
+                response.raise_for_status()
+                keys = {}
+                for jwk in response.json().get("keys", []):
+                    if (
+                        jwk.get("kty") == "OKP"
+                        and jwk.get("crv") == "Ed25519"
+                        and isinstance(jwk.get("kid"), str)
+                    ):
+                        keys[jwk["kid"]] = Ed25519PublicKey.from_public_bytes(_b64(jwk["x"]))
+            except (httpx.HTTPError, ValueError, NotIdentified, AttributeError) as exc:
+                log.warning("envelope keys not fetched", extra={"url": self._url, "error": repr(exc)})
+                return
+            self._keys = keys
+
+    async def caller(self, envelope: str | None) -> Caller:
+        if not envelope:
+            raise NotIdentified("no identity envelope")
+        parts = envelope.split(".")
+        if len(parts) != 3:
+            raise NotIdentified("envelope is not a compact JWS")
+        try:
+            header = json.loads(_b64(parts[0]))
+            claims = json.loads(_b64(parts[1]))
+        except ValueError:
+            raise NotIdentified("envelope is unreadable") from None
+        if not isinstance(header, dict) or not isinstance(claims, dict) or header.get("alg") != "EdDSA":
+            raise NotIdentified("envelope is not an EdDSA JWS")
+        kid = header.get("kid")
+        if kid not in self._keys:
+            await self.refresh()
+        key = self._keys.get(kid) if isinstance(kid, str) else None
+        if key is None:
+            raise NotIdentified("envelope signed by an unknown key")
+        try:
+            key.verify(_b64(parts[2]), f"{parts[0]}.{parts[1]}".encode("ascii"))
+        except InvalidSignature:
+            raise NotIdentified("envelope signature does not verify") from None
+        now = self._clock()
+        exp = claims.get("exp")
+        if claims.get("iss") != self._issuer or type(exp) is not int or exp + self._skew_s <= now:
+            raise NotIdentified("envelope expired or of another issuer")
+        tenant, api, subject = claims.get("tenant"), claims.get("api"), claims.get("sub")
+        scopes = claims.get("scopes", [])
+        if not all(isinstance(v, str) and v for v in (tenant, api, subject)) or not isinstance(scopes, list):
+            raise NotIdentified("envelope lacks tenant, api or sub")
+        consumer = claims.get("consumer")
+        return Caller(
+            tenant_id=str(tenant),
+            api_id=str(api),
+            consumer=consumer if isinstance(consumer, str) and consumer else str(subject),
+            scopes=frozenset(s for s in scopes if isinstance(s, str)),
+        )

@@ -1,0 +1,83 @@
+"""Wire the module together and run it: the MCP endpoint, the operator endpoint, the ADS stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import httpx
+import uvicorn
+
+from stoa_mcp.ads import Subscription, channel_credentials
+from stoa_mcp.budgets import Budgets
+from stoa_mcp.health import operator_app
+from stoa_mcp.identity import EnvelopeVerifier
+from stoa_mcp.permissions import Permissions, load_pinned_keys
+from stoa_mcp.server import McpModule
+from stoa_mcp.settings import Settings, split_address
+
+log = logging.getLogger("stoa_mcp")
+
+
+def build(
+    settings: Settings, budgets: Budgets | None = None
+) -> tuple[McpModule, Subscription, httpx.AsyncClient]:
+    assert settings.trusted_keys is not None
+    permissions = Permissions(
+        load_pinned_keys(settings.trusted_keys),
+        settings.gateway_id,
+        settings.permissions_issuer,
+        settings.clock_skew_s,
+    )
+    verifier = EnvelopeVerifier(settings.envelope_jwks_url, settings.envelope_issuer, settings.clock_skew_s)
+    # No retries anywhere: a tools/call reaches its API at most once.
+    http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(retries=0), follow_redirects=False)
+    module = McpModule(permissions, verifier, http, settings.upstream_timeout_ms, budgets)
+    credentials = None
+    if settings.tls_files:
+        ca, cert, key = (path.read_bytes() for path in settings.tls_files)
+        credentials = channel_credentials(ca, cert, key)
+    subscription = Subscription(
+        settings.ads_address, permissions, module.use_registry, credentials, settings.ads_server_name
+    )
+    return module, subscription, http
+
+
+def _server(app: object, address: str) -> uvicorn.Server:
+    host, port = split_address(address)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="auto", access_log=False)
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    return server
+
+
+async def serve(settings: Settings, budgets: Budgets | None = None) -> None:
+    module, subscription, http = build(settings, budgets)
+    mcp = _server(module, settings.mcp_address)
+    ops = _server(operator_app(module), settings.http_address)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await module.verifier.refresh()
+    ads_task = asyncio.create_task(subscription.run(), name="stoa-mcp-ads")
+    servers = [asyncio.create_task(s.serve(), name=f"stoa-mcp-{n}") for n, s in (("mcp", mcp), ("ops", ops))]
+    log.info("started", extra={"mcp_address": settings.mcp_address, "http_address": settings.http_address})
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait([*servers, stopper], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not stopper and task.exception() is not None:
+                raise OSError(f"a listener stopped: {task.exception()!r}")
+            if task is not stopper:
+                raise OSError("a listener could not start")
+    finally:
+        mcp.should_exit = True
+        ops.should_exit = True
+        ads_task.cancel()
+        stopper.cancel()
+        with contextlib.suppress(asyncio.CancelledError, OSError, SystemExit):
+            await asyncio.gather(*servers, ads_task, return_exceptions=True)
+        await http.aclose()

@@ -1,0 +1,93 @@
+"""Settings of the MCP module: `STOA_MCP_*` environment variables plus `STOA_ENV`."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ConfigError(Exception):
+    """A setting that makes the module unable to enforce; start-up is refused with this message."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STOA_MCP_", extra="ignore")
+
+    env: Literal["development", "production"] = Field(
+        default="development", validation_alias=AliasChoices("STOA_ENV")
+    )
+    # Where Envoy sends the MCP routes (the Link's STOA_LINK_MCP_ADDRESS).
+    mcp_address: str = "127.0.0.1:9391"
+    # Operator endpoint: /health/live, /health/ready, /metrics.
+    http_address: str = "127.0.0.1:9392"
+    ads_address: str = "127.0.0.1:18000"
+    ads_server_name: str = ""
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # The gateway this module serves: the `aud` every signed tool-permission artifact must name.
+    gateway_id: str = ""
+    # The `iss` of the artifacts (the CP's STOA_CP_MCP_PERMISSIONS_ISSUER).
+    permissions_issuer: str = "stoa-cp"
+    # The pinned public keys of the artifacts' signers: a JWKS file (Ed25519 keys, each with its kid).
+    # During a rotation it holds the old and the new key.
+    trusted_keys: Path | None = None
+    # The authorization service's published envelope keys (its /.well-known/jwks.json) and issuer.
+    envelope_jwks_url: str = "http://127.0.0.1:9192/.well-known/jwks.json"
+    envelope_issuer: str = "stoa-ext-authz"
+    # The longest a backing API may take to answer a tools/call (a tool's API timeout, when set and
+    # shorter, applies instead).
+    upstream_timeout_ms: int = Field(default=10_000, ge=1, le=300_000)
+    # Tolerated clock difference with the CP and the authorization service.
+    clock_skew_s: int = Field(default=30, ge=0, le=300)
+    # MCP budgets: the PostgreSQL quota store (empty: no budgets can be counted, so a tool with a
+    # budget is refused: fail closed).
+    database_url: str = ""
+
+    @property
+    def tls_files(self) -> tuple[Path, Path, Path] | None:
+        if self.tls_ca and self.tls_cert and self.tls_key:
+            return self.tls_ca, self.tls_cert, self.tls_key
+        return None
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"address {address!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check(settings: Settings) -> list[str]:
+    """Raise ConfigError for settings that must refuse start-up; return warnings for the rest."""
+    warnings: list[str] = []
+    for name in ("mcp_address", "http_address", "ads_address"):
+        split_address(getattr(settings, name))
+    if not settings.gateway_id:
+        raise ConfigError("STOA_MCP_GATEWAY_ID is required (the audience of the tool permissions)")
+    if settings.trusted_keys is None:
+        raise ConfigError("STOA_MCP_TRUSTED_KEYS is required (the pinned keys of the tool permissions)")
+    if settings.tls_files is None and any((settings.tls_ca, settings.tls_cert, settings.tls_key)):
+        raise ConfigError("STOA_MCP_TLS_CA, STOA_MCP_TLS_CERT and STOA_MCP_TLS_KEY go together")
+    if settings.tls_files is None:
+        if settings.env == "production":
+            raise ConfigError("refusing to start in production: STOA_MCP_TLS_CA, _CERT and _KEY must be set")
+        warnings.append("no ADS client certificate configured: connecting to the ADS server without TLS")
+    for name in ("mcp_address", "http_address"):
+        host, _ = split_address(getattr(settings, name))
+        if not _loopback(host):
+            warnings.append(f"{name} {getattr(settings, name)} is not loopback and has no TLS of its own")
+    return warnings

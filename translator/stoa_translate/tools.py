@@ -1,0 +1,126 @@
+"""The acceptance rules of an MCP tool, one implementation for the CP (a 422 naming the field) and the
+site (the translator refuses an inventory holding a tool they refuse).
+
+A tool is one operation of an API: `method` and `path_template` below the API's upstream; the
+template's `{parameters}` come from the call's arguments, so each must be a property of
+`input_schema`. Schemas are JSON Schema (2020-12) documents whose root is an object, as MCP asks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from stoa_translate import fields
+
+# MCP's tool name characters (specification 2025-11-25), 1 to 128 long.
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+ANNOTATIONS = {
+    "title": str,
+    "readOnlyHint": bool,
+    "destructiveHint": bool,
+    "idempotentHint": bool,
+    "openWorldHint": bool,
+}
+_PARAMETER = re.compile(r"\{([^{}]*)\}")
+_PARAMETER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+MAX_DESCRIPTION = 4000
+
+
+class ToolError(ValueError):
+    """A tool the rules refuse; `field` names the member (`input_schema.properties`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field} {message}")
+        self.field = field
+        self.message = message
+
+
+def name(value: str) -> str:
+    if not TOOL_NAME.match(value):
+        raise ToolError("name", "must be 1-128 characters of A-Z, a-z, 0-9, '_', '-' and '.'")
+    return value
+
+
+def schema(field: str, value: Any) -> dict[str, Any]:
+    """A JSON Schema document whose root describes an object."""
+    if not isinstance(value, Mapping):
+        raise ToolError(field, "must be a JSON object (a JSON Schema)")
+    try:
+        Draft202012Validator.check_schema(value)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        at = f" at /{where}" if where else ""
+        raise ToolError(field, f"is not a valid JSON Schema{at}: {exc.message}") from None
+    if value.get("type") != "object":
+        raise ToolError(f"{field}.type", 'must be "object" (MCP tool arguments and results are objects)')
+    return dict(value)
+
+
+def annotations(value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ToolError("annotations", "must be a JSON object")
+    for key, item in value.items():
+        kind = ANNOTATIONS.get(key)
+        if kind is None:
+            raise ToolError(f"annotations.{key}", f"is not one of {', '.join(ANNOTATIONS)}")
+        if not isinstance(item, kind):
+            raise ToolError(f"annotations.{key}", f"must be a {kind.__name__}")
+    return dict(value)
+
+
+def parameters(template: str) -> list[str]:
+    """The `{parameter}` names of a path template, in order."""
+    return _PARAMETER.findall(template)
+
+
+def path_template(value: str, input_schema: Mapping[str, Any]) -> str:
+    """An absolute path whose `{parameters}` are properties of `input_schema`."""
+    names = parameters(value)
+    for found in names:
+        if not _PARAMETER_NAME.match(found):
+            raise ToolError("path_template", f"parameter {{{found}}} is not a name (letters, digits, '_')")
+    try:
+        fields.path(_PARAMETER.sub("x", value))
+    except ValueError as exc:
+        raise ToolError("path_template", str(exc)) from None
+    if "{" in _PARAMETER.sub("", value) or "}" in _PARAMETER.sub("", value):
+        raise ToolError("path_template", "has an unbalanced '{' or '}'")
+    properties = input_schema.get("properties")
+    declared = set(properties) if isinstance(properties, Mapping) else set()
+    for found in names:
+        if found not in declared:
+            raise ToolError("path_template", f"parameter {{{found}}} is not a property of input_schema")
+    return value
+
+
+def method(value: str, api_methods: list[str] | tuple[str, ...]) -> str:
+    """An HTTP method the API accepts (any, when the API lists none)."""
+    upper = value.upper()
+    if upper not in fields.HTTP_METHODS:
+        raise ToolError("method", f"must be one of {', '.join(fields.HTTP_METHODS)}")
+    if api_methods and upper not in api_methods:
+        raise ToolError("method", f"{upper} is not a method of the API ({', '.join(api_methods)})")
+    return upper
+
+
+def expand(template: str, arguments: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(path, the arguments left): each `{parameter}` replaced by its argument, percent-encoded as one
+    path segment (a '/' or '..' in an argument cannot move the call to another path)."""
+    used = set(parameters(template))
+    missing = [p for p in used if p not in arguments]
+    if missing:
+        raise ToolError("arguments", f"lack {', '.join(sorted(missing))} (a path parameter)")
+
+    def segment(match: re.Match[str]) -> str:
+        text = str(arguments[match.group(1)])
+        if text in ("", ".", ".."):
+            raise ToolError(f"arguments.{match.group(1)}", "cannot be an empty, '.' or '..' path segment")
+        return quote(text, safe="")
+
+    return _PARAMETER.sub(segment, template), {k: v for k, v in arguments.items() if k not in used}
