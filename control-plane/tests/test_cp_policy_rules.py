@@ -21,8 +21,7 @@ async def test_a_second_policy_of_a_type_on_a_route_is_409_naming_the_first(api)
     await api.deploy(gateway_id, api_id)
     first = api.uid("p")
     url = f"/v1/tenants/{tenant_id}/policies"
-    body = {"policy_id": first, "type": "rate_limit", "config": RL, "scope": "tenant"}
-    assert (await api.admin.post(url, json=body)).status_code == 201
+    await api.client.create_policy(first, "rate_limit", RL, tenant_id=tenant_id, scope="tenant")
     before = await api.generation(gateway_id)
 
     attempts = [
@@ -50,12 +49,8 @@ async def test_a_second_policy_of_a_type_on_a_route_is_409_naming_the_first(api)
             f"policy {first} of type rate_limit already applies to route {api_id}"
         )
     # Another type on the same route is fine.
-    other = {
-        "policy_id": api.uid("p"),
-        "type": "ip_filter",
-        "config": {"mode": "deny", "ip_list": ["10.0.0.1"]},
-    }
-    assert (await api.admin.post(f"/v1/gateways/{gateway_id}/policies", json=other)).status_code == 201
+    other = {"mode": "deny", "ip_list": ["10.0.0.1"]}
+    await api.client.create_policy(api.uid("p"), "ip_filter", other, tenant_id=None, gateway_id=gateway_id)
     listed = [p["policy_id"] for p in (await api.admin.get(url)).json()]
     assert listed == [first]
     assert await api.generation(gateway_id) == before + 1
@@ -65,12 +60,12 @@ async def test_a_deployment_that_would_put_two_policies_of_a_type_on_a_route_is_
     tenant_id = await api.tenant()
     gateway_id, _ = await api.gateway()
     api_id = await api.new_api(tenant_id)
-    tenant_policy = {"policy_id": api.uid("p"), "type": "rate_limit", "config": RL, "scope": "tenant"}
-    assert (await api.admin.post(f"/v1/tenants/{tenant_id}/policies", json=tenant_policy)).status_code == 201
-    gateway_policy = {"policy_id": api.uid("p"), "type": "rate_limit", "config": RL}
-    assert (
-        await api.admin.post(f"/v1/gateways/{gateway_id}/policies", json=gateway_policy)
-    ).status_code == 201
+    tenant_policy = await api.client.create_policy(
+        api.uid("p"), "rate_limit", RL, tenant_id=tenant_id, scope="tenant"
+    )
+    gateway_policy = await api.client.create_policy(
+        api.uid("p"), "rate_limit", RL, tenant_id=None, gateway_id=gateway_id
+    )
     before = await api.generation(gateway_id)
     response = await api.admin.put(f"/v1/gateways/{gateway_id}/deployments/{api_id}")
     assert response.status_code == 409, response.text

@@ -27,8 +27,7 @@ async def deployed_gateway(api) -> tuple[str, str]:
     api_id = await api.new_api(tenant_id, methods=["GET", "POST"])
     await api.deploy(gateway_id, api_id)
     cors = {"allowedOrigins": ["https://a.example"], "allowedMethods": ["get"]}
-    body = {"policy_id": api.uid("p"), "type": "cors", "config": cors, "scope": "tenant"}
-    assert (await api.admin.post(f"/v1/tenants/{tenant_id}/policies", json=body)).status_code == 201
+    await api.client.create_policy(api.uid("p"), "cors", cors, tenant_id=tenant_id, scope="tenant")
     return gateway_id, credential
 
 
