@@ -3,8 +3,6 @@ answers over a real socket."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import AsyncIterator
 
 import httpx
@@ -156,18 +154,6 @@ async def test_live_ready_metrics_over_http(endpoint: str) -> None:
     assert samples(scraped.text)["stoa_link_applied_generation"] == 0
     assert missing.status_code == 404
     assert posted.status_code == 405
-
-
-async def test_a_garbled_request_gets_400(endpoint: str) -> None:
-    host, port = endpoint.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"GARBAGE\r\n\r\n")
-    await writer.drain()
-    answer = await asyncio.wait_for(reader.read(), 5)
-    writer.close()
-
-    assert answer.startswith(b"HTTP/1.1 400 ")
-    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"error": "bad_request"}
 
 
 @pytest.mark.parametrize(
