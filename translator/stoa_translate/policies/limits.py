@@ -5,9 +5,8 @@ valid CORS policy of 524,288 origins (10 MiB) made another tenant's one-route ch
 instead of ~0.1 s and grew the Link to ~600 MiB.
 
 `stoa_translate.policies.kind.read_config` applies it to each list and map as it reads a config, before
-any of its entries; each kind names its own bounded lists (`PolicyKind.list_limits`), the CP's settings set
-the numbers (`policy_max_<attribute>`), a refusal names the
-list and the setting."""
+any of its entries; each kind names its own bounded lists (`PolicyKind.list_limits`), the CP's settings
+set the numbers (`policy_max_<attribute>`), a refusal names the list and the setting."""
 
 from __future__ import annotations
 
