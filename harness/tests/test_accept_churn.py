@@ -73,7 +73,12 @@ class Client:
                 # Each client sweeps in its own order so different routes are hit at each instant.
                 for url in urls if index % 2 == 0 else reversed(urls):
                     try:
-                        status = str(http.get(url).status_code)
+                        reply = http.get(url)
+                        status = str(reply.status_code)
+                        if not status.startswith("2"):
+                            # What answered, for the failure message: Envoy's own replies differ by cause.
+                            retry_after = reply.headers.get("retry-after")
+                            status += f" retry-after={retry_after} {reply.content[:80]!r}"
                     except httpx.HTTPError as exc:
                         status = repr(exc)
                     with self._lock:
