@@ -4,25 +4,19 @@ site services share is `stoa_ops.site_settings`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
-from pydantic import Field, field_validator
-from pydantic_settings import NoDecode, SettingsConfigDict
-from stoa_ops.site_settings import ConfigError, SiteSettings
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+from stoa_ops.site_settings import ConfigError, DecisionSettings, SiteSettings
 
 __all__ = ["ConfigError", "Settings", "check"]
 
 
-class Settings(SiteSettings):
+class Settings(SiteSettings, DecisionSettings):
     model_config = SettingsConfigDict(env_prefix="STOA_AUTHZ_", extra="ignore")
 
     grpc_address: str = "127.0.0.1:9191"
     http_address: str = "127.0.0.1:9192"
-    # Every token must name this audience; without it every request is denied (not_configured).
-    audience: str = ""
-    # Comma-separated; blank entries are kept so that production can refuse them.
-    required_scopes: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    tenant_claim: str = "tenant_id"
     signing_key_file: Path | None = None
     identity_issuer: str = "stoa-ext-authz"
     workers: int = Field(default=1, ge=1, le=64)
@@ -33,28 +27,13 @@ class Settings(SiteSettings):
     reuse_port: bool = False
     token_cache_size: int = Field(default=10_000, ge=0)
     jwks_fetch_timeout_s: float = Field(default=2.0, gt=0, le=30)
-    # Longest token lifetime honoured: exp - iat, or exp - now for a token without iat.
-    max_token_lifetime_s: int = Field(default=86_400, ge=60)
-
-    @field_validator("audience")
-    @classmethod
-    def _strip_audience(cls, value: str) -> str:
-        # A blank audience is no audience: not_configured and not ready, never "ready for ' '".
-        return value.strip()
-
-    @field_validator("required_scopes", mode="before")
-    @classmethod
-    def _split_scopes(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [] if value.strip() == "" else [part.strip() for part in value.split(",")]
-        return value
 
 
 def check(settings: Settings) -> list[str]:
     """Raise ConfigError for settings that must refuse start-up; return warnings for the rest."""
     refused, site_warnings = settings.site_checks()
     warnings: list[str] = []
-    blank = [s for s in settings.required_scopes if not s]
+    blank = settings.blank_scope
     if settings.env == "production":
         problems = []
         if not settings.audience.strip():

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 from stoa_ops.address import ip_host_port, is_loopback
+from stoa_ops.site_settings import DecisionSettings
 from stoa_proto import client_headers
 
 
@@ -28,7 +29,7 @@ def loopback_endpoint(address: str) -> tuple[str, int]:
     return host, port
 
 
-class LinkSettings(BaseSettings):
+class LinkSettings(DecisionSettings):
     model_config = SettingsConfigDict(env_prefix="STOA_LINK_", extra="ignore")
 
     cp_url: str = ""
@@ -63,25 +64,9 @@ class LinkSettings(BaseSettings):
     # Where route decisions run: "auto" (Envoy's built-in filters where they decide exactly what the
     # authorization service would) or "service" (every route through the service).
     decision_placement: Literal["auto", "service"] = "auto"
-    # The authorization service's own settings, which Envoy needs to decide as it does (same values
-    # as STOA_AUTHZ_AUDIENCE, _REQUIRED_SCOPES, _TENANT_CLAIM, _MAX_TOKEN_LIFETIME_S). Without an
-    # audience no route is decided by Envoy.
-    audience: str = ""
-    required_scopes: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    tenant_claim: str = "tenant_id"
-    max_token_lifetime_s: int = Field(default=86_400, ge=60)
-
-    @field_validator("audience")
-    @classmethod
-    def _strip_audience(cls, value: str) -> str:
-        return value.strip()
-
-    @field_validator("required_scopes", mode="before")
-    @classmethod
-    def _split_scopes(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+    # audience, required_scopes, tenant_claim, max_token_lifetime_s: the authorization service's own
+    # decision settings (DecisionSettings), which Envoy needs to decide as it does (the same values as
+    # STOA_AUTHZ_AUDIENCE, _REQUIRED_SCOPES, _TENANT_CLAIM, _MAX_TOKEN_LIFETIME_S).
 
     @field_validator("ads_address")
     @classmethod
@@ -144,6 +129,8 @@ class LinkSettings(BaseSettings):
         ]
         if missing:
             raise ValueError(f"missing settings: {', '.join(missing)}")
+        if self.blank_scope:
+            raise ValueError("STOA_LINK_REQUIRED_SCOPES has a blank entry")
         if self.authz_san and self.authz_san == self.envoy_san:
             raise ValueError("STOA_LINK_AUTHZ_SAN must differ from STOA_LINK_ENVOY_SAN")
         if self.proc_san and self.proc_san in (self.envoy_san, self.authz_san):

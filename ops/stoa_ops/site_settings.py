@@ -11,11 +11,11 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import grpc
-from pydantic import AliasChoices, Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from stoa_ops.address import is_loopback, split_host_port
 from stoa_ops.policy_sets import channel_credentials
@@ -88,6 +88,40 @@ class SiteSettings(BaseSettings):
             if not is_loopback(host):
                 warnings.append(f"{name} {getattr(self, name)} is not loopback and has no TLS of its own")
         return refused, warnings
+
+
+class DecisionSettings(BaseSettings):
+    """What a decision depends on, set to the same values for the authorization service and for the
+    Link (which lets Envoy decide as the service would): each reads them under its own prefix."""
+
+    model_config = SettingsConfigDict(extra="ignore")
+
+    # Every token must name this audience; without it every request is denied (not_configured) and no
+    # route is decided by Envoy.
+    audience: str = ""
+    # Comma-separated; blank entries are kept so that they can be refused, never silently dropped.
+    required_scopes: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    tenant_claim: str = "tenant_id"
+    # Longest token lifetime honoured: exp - iat, or exp - now for a token without iat.
+    max_token_lifetime_s: int = Field(default=86_400, ge=60)
+
+    @field_validator("audience")
+    @classmethod
+    def _strip_audience(cls, value: str) -> str:
+        # A blank audience is no audience: not_configured and not ready, never "ready for ' '".
+        return value.strip()
+
+    @field_validator("required_scopes", mode="before")
+    @classmethod
+    def _split_scopes(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [] if value.strip() == "" else [part.strip() for part in value.split(",")]
+        return value
+
+    @property
+    def blank_scope(self) -> bool:
+        """A blank entry in the required scopes (`a, ,b`): refused at start-up."""
+        return any(not scope for scope in self.required_scopes)
 
 
 S = TypeVar("S", bound=SiteSettings)
