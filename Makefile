@@ -11,6 +11,8 @@ UV := $(PYTHON) -m uv
 setup:
 	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
 	$(UV) sync --all-packages --frozen
+	@# The MCP conformance suite and the Node 22 it needs, from the npm registry (package-lock.json).
+	@test -x conformance/node_modules/.bin/conformance || npm ci --prefix conformance --no-audit --no-fund
 
 run: setup
 	$(UV) run --frozen stoa-estate run

@@ -202,6 +202,9 @@ class Site(Lifecycle):
             "STOA_MCP_TLS_KEY": str(self.tls_dir / "mcp-client-key.pem"),
             "STOA_MCP_GATEWAY_ID": self.gateway_id,
             "STOA_MCP_ENVELOPE_JWKS_URL": f"{self.authz_http_url}/.well-known/jwks.json",
+            # The gateway is reached on loopback only.
+            "STOA_MCP_ALLOWED_HOSTS": "127.0.0.1:*,localhost:*",
+            "STOA_MCP_ALLOWED_ORIGINS": "http://127.0.0.1:*,http://localhost:*",
             "STOA_ENV": "development",
             **self.extra_mcp_env,
         }

@@ -8,6 +8,7 @@ not on this path, the MCP budget is.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from typing import Any
@@ -23,6 +24,16 @@ log = logging.getLogger("stoa_mcp.call")
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 MAX_RESPONSE_BYTES = 1024 * 1024
+
+
+def _content(content_type: str, body: bytes, text: str) -> types.ContentBlock:
+    """The API's answer as MCP content: an image or audio body as such (base64), anything else as text."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media.startswith("image/"):
+        return types.ImageContent(type="image", data=base64.b64encode(body).decode("ascii"), mime_type=media)
+    if media.startswith("audio/"):
+        return types.AudioContent(type="audio", data=base64.b64encode(body).decode("ascii"), mime_type=media)
+    return types.TextContent(type="text", text=text)
 
 
 def error_result(message: str) -> types.CallToolResult:
@@ -68,7 +79,7 @@ async def invoke(
     if not response.is_success:
         return error_result(f"the API answered {response.status_code}: {text[:2000]}")
     if tool.output_validator is None:
-        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+        return types.CallToolResult(content=[_content(response.headers.get("content-type", ""), body, text)])
     try:
         structured = json.loads(body)
     except ValueError:

@@ -9,6 +9,7 @@ import signal
 
 import httpx
 import uvicorn
+from mcp.server.transport_security import TransportSecuritySettings
 
 from stoa_mcp.ads import Subscription, channel_credentials
 from stoa_mcp.budgets import Budgets
@@ -34,7 +35,16 @@ def build(
     verifier = EnvelopeVerifier(settings.envelope_jwks_url, settings.envelope_issuer, settings.clock_skew_s)
     # No retries anywhere: a tools/call reaches its API at most once.
     http = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(retries=0), follow_redirects=False)
-    module = McpModule(permissions, verifier, http, settings.upstream_timeout_ms, budgets)
+    security = (
+        TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=settings.allowed_hosts,
+            allowed_origins=settings.allowed_origins,
+        )
+        if settings.allowed_hosts
+        else None
+    )
+    module = McpModule(permissions, verifier, http, settings.upstream_timeout_ms, budgets, security)
     credentials = None
     if settings.tls_files:
         ca, cert, key = (path.read_bytes() for path in settings.tls_files)

@@ -21,6 +21,7 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.types import Message, Receive, Scope, Send
 from stoa_proto.decisions import IDENTITY_HEADER
@@ -60,6 +61,7 @@ class McpModule:
         http: httpx.AsyncClient,
         upstream_timeout_ms: int,
         budgets: Budgets | None = None,
+        security: TransportSecuritySettings | None = None,
     ) -> None:
         self.permissions = permissions
         self.verifier = verifier
@@ -72,7 +74,9 @@ class McpModule:
         self.server: Server[Any] = Server(
             "stoa-mcp", version="0.1.0", on_list_tools=self._list_tools, on_call_tool=self._call_tool
         )
-        self.sessions = StreamableHTTPSessionManager(app=self.server, session_idle_timeout=30 * 60)
+        self.sessions = StreamableHTTPSessionManager(
+            app=self.server, session_idle_timeout=30 * 60, security_settings=security
+        )
         # session id → the caller that opened it (tenant, MCP route, consumer); the oldest go first
         # past the session manager's own limit, whose idle sessions end by themselves.
         self._owners: OrderedDict[str, tuple[str, str, str]] = OrderedDict()

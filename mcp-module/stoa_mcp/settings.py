@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class ConfigError(Exception):
@@ -44,9 +44,20 @@ class Settings(BaseSettings):
     upstream_timeout_ms: int = Field(default=10_000, ge=1, le=300_000)
     # Tolerated clock difference with the CP and the authorization service.
     clock_skew_s: int = Field(default=30, ge=0, le=300)
+    # DNS-rebinding protection (MCP transport security): the Host values (host:port, "*" for any port)
+    # and Origin values the gateway is reached with; comma-separated. Empty: not checked (a warning).
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # MCP budgets: the PostgreSQL quota store (empty: no budgets can be counted, so a tool with a
     # budget is refused: fail closed).
     database_url: str = ""
+
+    @field_validator("allowed_hosts", "allowed_origins", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @property
     def tls_files(self) -> tuple[Path, Path, Path] | None:
@@ -86,6 +97,8 @@ def check(settings: Settings) -> list[str]:
         if settings.env == "production":
             raise ConfigError("refusing to start in production: STOA_MCP_TLS_CA, _CERT and _KEY must be set")
         warnings.append("no ADS client certificate configured: connecting to the ADS server without TLS")
+    if not settings.allowed_hosts:
+        warnings.append("STOA_MCP_ALLOWED_HOSTS is empty: Host and Origin are not checked (DNS rebinding)")
     for name in ("mcp_address", "http_address"):
         host, _ = split_address(getattr(settings, name))
         if not _loopback(host):
