@@ -220,6 +220,13 @@ def _rule(check: Any) -> Any:
 ToolName = Annotated[str, AfterValidator(_rule(tool_rules.name))]
 
 
+class ToolBudget(Strict):
+    """At most `calls` calls per `window_seconds` per consumer (counted by the MCP module, fail closed)."""
+
+    calls: int = Field(ge=1, le=1_000_000_000)
+    window_seconds: int = Field(ge=1, le=31 * 24 * 3600)
+
+
 class ToolFields(Strict):
     description: Annotated[
         str, StringConstraints(min_length=1, max_length=tool_rules.MAX_DESCRIPTION), AfterValidator(_storable)
@@ -230,6 +237,7 @@ class ToolFields(Strict):
     api_id: Identifier
     method: Annotated[str, StringConstraints(min_length=1, max_length=16)]
     path_template: Annotated[str, StringConstraints(min_length=1, max_length=MAX_URL_LENGTH)]
+    budget: ToolBudget | None = None
 
     def check(self) -> None:
         """The translator's rules, which the site applies to the same tool (ToolError names the member)."""
@@ -261,6 +269,7 @@ class ToolOut(BaseModel):
     api_id: str
     method: str
     path_template: str
+    budget: ToolBudget | None = None
 
 
 class ToolGrantIn(Strict):

@@ -130,6 +130,7 @@ async def test_tools_crud_and_the_inventory(api):
     before = await api.generation(gateway_id)
     tool = await api.client.create_tool(
         "get_order",
+        budget={"calls": 5, "window_seconds": 60},
         tenant_id=tenant_id,
         description="Get an order",
         input_schema=SCHEMA,
@@ -144,6 +145,8 @@ async def test_tools_crud_and_the_inventory(api):
     [shipped] = inventory["tools"]
     assert shipped["name"] == "get_order"
     assert shipped["upstream_url"] == "http://127.0.0.1:9000"
+    assert (shipped["budget_calls"], shipped["budget_window_s"]) == (5, 60)
+    assert tool["budget"] == {"calls": 5, "window_seconds": 60}
     assert json.loads(shipped["input_schema_json"]) == SCHEMA
     assert [r["kind"] for r in inventory["routes"]] == ["mcp"]
     with pytest.raises(CPError) as taken:

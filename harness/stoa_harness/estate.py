@@ -224,7 +224,12 @@ class Estate(Lifecycle):
             authz_env=self.options.authz_env,
             proc=self.options.proc,
             proc_env=self.options.proc_env,
-            mcp_env={"STOA_MCP_TRUSTED_KEYS": str(self.trusted_keys), **self.options.mcp_env}
+            mcp_env={
+                "STOA_MCP_TRUSTED_KEYS": str(self.trusted_keys),
+                # MCP budgets are counted in the estate's PostgreSQL (the quota store).
+                "STOA_MCP_DATABASE_URL": self.database_url,
+                **self.options.mcp_env,
+            }
             if self.options.mcp
             else None,
             start_timeout=self.options.start_timeout,

@@ -102,7 +102,17 @@ def estate(idp: DevIdentityProvider, estates: Callable[..., Estate]) -> Estate:
     admin.create_tool(
         "beta_tool", tenant_id=OTHER, description="Beta's", api_id="beta-orders", method="GET", **tool
     )
+    admin.create_tool(
+        "count_order",
+        tenant_id=TENANT,
+        description="Counted",
+        api_id="acme-orders",
+        method="GET",
+        budget={"calls": 2, "window_seconds": 3600},
+        **tool,
+    )
     admin.grant_tool("read-by-scope", "get_order", tenant_id=TENANT, scopes=["tools:read"])
+    admin.grant_tool("counted", "count_order", tenant_id=TENANT, consumers=["budgeted", "other-budgeted"])
     admin.grant_tool("place-by-alice", "place_order", tenant_id=TENANT, consumers=["alice"])
     admin.grant_tool("beta-read", "beta_tool", tenant_id=OTHER, scopes=["tools:read"])
     admin.wait_synced()
@@ -441,3 +451,4 @@ def test_unauthenticated_callers_are_told_where_the_resource_metadata_is(
         "scopes_supported": [],
         "resource_name": "acme-mcp",
     }
+

@@ -1,9 +1,11 @@
-"""MCP budgets: calls per window per consumer and tool, counted in the shared PostgreSQL quota store
-with one atomic statement per call, failing closed."""
+"""MCP budgets: calls per window per consumer and tool, counted in the quota store the authorization
+service counts billed quotas in (`stoa_quota`: one atomic PostgreSQL statement per call), failing
+closed: a call that cannot be counted is refused."""
 
 from __future__ import annotations
 
-from typing import Protocol
+import asyncio
+from typing import Any
 
 from stoa_mcp.permissions import Caller
 
@@ -12,8 +14,36 @@ class BudgetUnavailable(Exception):
     """The store cannot count now: the call is refused (fail closed)."""
 
 
-class Budgets(Protocol):
-    async def spend(self, caller: Caller, tool: str) -> int | None:
-        """Count one call; None when within the budget, else the seconds until the window resets.
-        Raises BudgetUnavailable when it cannot count."""
-        ...
+def budget_key(caller: Caller, tool: str) -> str:
+    return f"mcp:{caller.tenant_id}:{tool}:{caller.consumer}"
+
+
+class Budgets:
+    """Counts through `stoa_quota.BilledCounter` on the store at `dsn`; without one, every tool with a
+    budget is refused (it cannot be counted)."""
+
+    def __init__(self, dsn: str) -> None:
+        self._counter: Any = None
+        self._unavailable: type[Exception] = BudgetUnavailable
+        if dsn:
+            import stoa_quota  # a module without a quota database does not load the driver
+
+            self._store = stoa_quota.QuotaStore(dsn).open(wait_s=None)
+            self._counter = stoa_quota.BilledCounter(self._store)
+            self._unavailable = stoa_quota.QuotaUnavailable
+
+    async def spend(self, caller: Caller, tool: str, calls: int, window_s: int) -> int | None:
+        """Count one call; None within the budget, else the seconds until the window resets.
+        BudgetUnavailable when it cannot be counted."""
+        if self._counter is None:
+            raise BudgetUnavailable("no quota store")
+        try:
+            # The store's client is synchronous: off the event loop.
+            outcome = await asyncio.to_thread(self._counter.take, budget_key(caller, tool), calls, window_s)
+        except self._unavailable as exc:
+            raise BudgetUnavailable(str(exc)) from exc
+        return None if outcome.allowed else outcome.reset_s
+
+    def close(self) -> None:
+        if self._counter is not None:
+            self._store.close()

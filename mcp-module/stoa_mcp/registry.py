@@ -29,6 +29,8 @@ class CompiledTool:
     input_validator: Draft202012Validator
     output_validator: Draft202012Validator | None
     description: types.Tool
+    # Calls per window per consumer; None: no budget.
+    budget: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,5 +90,6 @@ def compile_policy_set(policy_set: mcp_pb2.McpPolicySet) -> Registry:
             input_validator=Draft202012Validator(input_schema),
             output_validator=Draft202012Validator(output_schema) if output_schema is not None else None,
             description=description,
+            budget=(tool.budget_calls, tool.budget_window_s) if tool.budget_calls else None,
         )
     return Registry(policy_set.version, policy_set.generation, routes, tools)

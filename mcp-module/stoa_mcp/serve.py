@@ -44,6 +44,7 @@ def build(
         if settings.allowed_hosts
         else None
     )
+    budgets = Budgets(settings.database_url)
     module = McpModule(permissions, verifier, http, settings.upstream_timeout_ms, budgets, security)
     credentials = None
     if settings.tls_files:
@@ -63,8 +64,8 @@ def _server(app: object, address: str) -> uvicorn.Server:
     return server
 
 
-async def serve(settings: Settings, budgets: Budgets | None = None) -> None:
-    module, subscription, http = build(settings, budgets)
+async def serve(settings: Settings) -> None:
+    module, subscription, http = build(settings)
     mcp = _server(module, settings.mcp_address)
     ops = _server(operator_app(module), settings.http_address)
     stop = asyncio.Event()
@@ -91,3 +92,5 @@ async def serve(settings: Settings, budgets: Budgets | None = None) -> None:
         with contextlib.suppress(asyncio.CancelledError, OSError, SystemExit):
             await asyncio.gather(*servers, ads_task, return_exceptions=True)
         await http.aclose()
+        if module.budgets is not None:
+            module.budgets.close()

@@ -69,7 +69,7 @@ class McpModule:
         self.registry_loaded = False
         self._http = http
         self._timeout_ms = upstream_timeout_ms
-        self._budgets = budgets
+        self.budgets = budgets
         self.calls: Counter[str] = Counter()
         self.server: Server[Any] = Server(
             "stoa-mcp", version="0.1.0", on_list_tools=self._list_tools, on_call_tool=self._call_tool
@@ -138,15 +138,20 @@ class McpModule:
             log.info("tool_call", extra={"outcome": "unknown_tool", "tenant": caller.tenant_id})
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
         started = time.perf_counter()
-        if self._budgets is not None:
+        if tool.budget is not None:
             try:
-                spent = await self._budgets.spend(caller, tool.name)
+                if self.budgets is None:
+                    raise BudgetUnavailable("no quota store")
+                retry_after = await self.budgets.spend(caller, tool.name, *tool.budget)
             except BudgetUnavailable:
+                # Fail closed: a call that cannot be counted is not made.
                 self.calls["budget_unavailable"] += 1
                 return error_result("the tool's budget cannot be counted now; try again later")
-            if spent is not None:
+            if retry_after is not None:
                 self.calls["budget_exhausted"] += 1
-                return error_result(f"budget exhausted: try again in {spent} s")
+                calls, window = tool.budget
+                limit = f"{calls} calls per {window} s"
+                return error_result(f"budget exhausted ({limit}); retry in {retry_after} s")
         result = await invoke(self._http, tool, dict(params.arguments or {}), envelope, self._timeout_ms)
         outcome = "error" if result.is_error else "ok"
         self.calls[outcome] += 1

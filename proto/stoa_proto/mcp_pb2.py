@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14stoa_proto/mcp.proto\x12\x0bstoa.mcp.v1\"\xee\x01\n\x04Tool\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x19\n\x11input_schema_json\x18\x04 \x01(\t\x12\x1a\n\x12output_schema_json\x18\x05 \x01(\t\x12\x18\n\x10\x61nnotations_json\x18\x06 \x01(\t\x12\x0e\n\x06\x61pi_id\x18\x07 \x01(\t\x12\x0e\n\x06method\x18\x08 \x01(\t\x12\x15\n\rpath_template\x18\t \x01(\t\x12\x14\n\x0cupstream_url\x18\n \x01(\t\x12\x12\n\ntimeout_ms\x18\x0b \x01(\r\"T\n\x08McpRoute\x12\x10\n\x08route_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61pi_id\x18\x03 \x01(\t\x12\x13\n\x0bpath_prefix\x18\x04 \x01(\t\"\x9e\x01\n\x0cMcpPolicySet\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\ngateway_id\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x03\x12%\n\x06routes\x18\x05 \x03(\x0b\x32\x15.stoa.mcp.v1.McpRoute\x12 \n\x05tools\x18\x06 \x03(\x0b\x32\x11.stoa.mcp.v1.Tool\"J\n\x0fToolPermissions\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12\x0b\n\x03jws\x18\x04 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14stoa_proto/mcp.proto\x12\x0bstoa.mcp.v1\"\x9d\x02\n\x04Tool\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x19\n\x11input_schema_json\x18\x04 \x01(\t\x12\x1a\n\x12output_schema_json\x18\x05 \x01(\t\x12\x18\n\x10\x61nnotations_json\x18\x06 \x01(\t\x12\x0e\n\x06\x61pi_id\x18\x07 \x01(\t\x12\x0e\n\x06method\x18\x08 \x01(\t\x12\x15\n\rpath_template\x18\t \x01(\t\x12\x14\n\x0cupstream_url\x18\n \x01(\t\x12\x12\n\ntimeout_ms\x18\x0b \x01(\r\x12\x14\n\x0c\x62udget_calls\x18\x0c \x01(\r\x12\x17\n\x0f\x62udget_window_s\x18\r \x01(\r\"T\n\x08McpRoute\x12\x10\n\x08route_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61pi_id\x18\x03 \x01(\t\x12\x13\n\x0bpath_prefix\x18\x04 \x01(\t\"\x9e\x01\n\x0cMcpPolicySet\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\ngateway_id\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x03\x12%\n\x06routes\x18\x05 \x03(\x0b\x32\x15.stoa.mcp.v1.McpRoute\x12 \n\x05tools\x18\x06 \x03(\x0b\x32\x11.stoa.mcp.v1.Tool\"J\n\x0fToolPermissions\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0b\n\x03seq\x18\x03 \x01(\x03\x12\x0b\n\x03jws\x18\x04 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,11 +32,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'stoa_proto.mcp_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TOOL']._serialized_start=38
-  _globals['_TOOL']._serialized_end=276
-  _globals['_MCPROUTE']._serialized_start=278
-  _globals['_MCPROUTE']._serialized_end=362
-  _globals['_MCPPOLICYSET']._serialized_start=365
-  _globals['_MCPPOLICYSET']._serialized_end=523
-  _globals['_TOOLPERMISSIONS']._serialized_start=525
-  _globals['_TOOLPERMISSIONS']._serialized_end=599
+  _globals['_TOOL']._serialized_end=323
+  _globals['_MCPROUTE']._serialized_start=325
+  _globals['_MCPROUTE']._serialized_end=409
+  _globals['_MCPPOLICYSET']._serialized_start=412
+  _globals['_MCPPOLICYSET']._serialized_end=570
+  _globals['_TOOLPERMISSIONS']._serialized_start=572
+  _globals['_TOOLPERMISSIONS']._serialized_end=646
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Tool(_message.Message):
-    __slots__ = ("tenant_id", "name", "description", "input_schema_json", "output_schema_json", "annotations_json", "api_id", "method", "path_template", "upstream_url", "timeout_ms")
+    __slots__ = ("tenant_id", "name", "description", "input_schema_json", "output_schema_json", "annotations_json", "api_id", "method", "path_template", "upstream_url", "timeout_ms", "budget_calls", "budget_window_s")
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,8 @@ class Tool(_message.Message):
     PATH_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     UPSTREAM_URL_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_CALLS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
     tenant_id: str
     name: str
     description: str
@@ -30,7 +32,9 @@ class Tool(_message.Message):
     path_template: str
     upstream_url: str
     timeout_ms: int
-    def __init__(self, tenant_id: _Optional[str] = ..., name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., output_schema_json: _Optional[str] = ..., annotations_json: _Optional[str] = ..., api_id: _Optional[str] = ..., method: _Optional[str] = ..., path_template: _Optional[str] = ..., upstream_url: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    budget_calls: int
+    budget_window_s: int
+    def __init__(self, tenant_id: _Optional[str] = ..., name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., output_schema_json: _Optional[str] = ..., annotations_json: _Optional[str] = ..., api_id: _Optional[str] = ..., method: _Optional[str] = ..., path_template: _Optional[str] = ..., upstream_url: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., budget_calls: _Optional[int] = ..., budget_window_s: _Optional[int] = ...) -> None: ...
 
 class McpRoute(_message.Message):
     __slots__ = ("route_id", "tenant_id", "api_id", "path_prefix")

@@ -198,6 +198,8 @@ def _check_tools(tools: tuple[mcp_pb2.Tool, ...]) -> None:
             tool_rules.path_template(tool.path_template, input_schema)
             tool_rules.method(tool.method, ())
             fields.upstream_url(tool.upstream_url)
+            if (tool.budget_calls == 0) != (tool.budget_window_s == 0):
+                raise ValueError("budget needs both calls and a window")
         except ValueError as exc:
             raise _invalid(f"{where}: {exc}") from None
 

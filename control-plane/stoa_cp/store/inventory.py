@@ -154,7 +154,7 @@ async def build(conn: asyncpg.Connection, gateway_id: str) -> Document | None:
 # The tools of the tenants that have an MCP route on the gateway, with their API's upstream.
 TOOLS = (
     "SELECT t.tenant_id, t.name, t.description, t.input_schema, t.output_schema, t.annotations, t.api_id,"
-    " t.method, t.path_template, a.upstream_url, a.timeout_ms"
+    " t.method, t.path_template, a.upstream_url, a.timeout_ms, t.budget_calls, t.budget_window_s"
     " FROM tools t JOIN apis a ON a.api_id = t.api_id"
     " WHERE t.tenant_id = ANY($1::text[]) ORDER BY t.tenant_id, t.name"
 )
@@ -177,6 +177,8 @@ def tool_message(row: asyncpg.Record) -> mcp_pb2.Tool:
         path_template=row["path_template"],
         upstream_url=row["upstream_url"],
         timeout_ms=row["timeout_ms"] or 0,
+        budget_calls=row["budget_calls"] or 0,
+        budget_window_s=row["budget_window_s"] or 0,
     )
 
 

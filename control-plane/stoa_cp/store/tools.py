@@ -15,6 +15,7 @@ from stoa_translate import tools as tool_rules
 
 from stoa_cp.problems import Problem, Taken, conflict, invalid, not_found
 from stoa_cp.schemas import (
+    ToolBudget,
     ToolFields,
     ToolGrantIn,
     ToolGrantOut,
@@ -26,14 +27,18 @@ from stoa_cp.store import tool_permissions
 from stoa_cp.store.database import Database
 from stoa_cp.store.publication import bump, lock_tenant, tenant_gateways
 
-_TOOL = (
-    "SELECT tenant_id, name, description, input_schema, output_schema, annotations, api_id, method,"
-    " path_template FROM tools"
+_RETURNED = (
+    "tenant_id, name, description, input_schema, output_schema, annotations, api_id, method,"
+    " path_template, budget_calls, budget_window_s"
 )
+_TOOL = f"SELECT {_RETURNED} FROM tools"  # noqa: S608 - constant text
 
 
 def _tool(row: asyncpg.Record) -> ToolOut:
-    return ToolOut(**dict(row))
+    fields = dict(row)
+    calls, window = fields.pop("budget_calls"), fields.pop("budget_window_s")
+    budget = None if calls is None else ToolBudget(calls=calls, window_seconds=window)
+    return ToolOut(**fields, budget=budget)
 
 
 async def _check(conn: asyncpg.Connection, tenant_id: str, body: ToolFields) -> str:
@@ -66,6 +71,8 @@ def _values(body: ToolFields, method: str) -> tuple[Any, ...]:
         body.api_id,
         method,
         body.path_template,
+        body.budget.calls if body.budget else None,
+        body.budget.window_seconds if body.budget else None,
     )
 
 
@@ -75,10 +82,9 @@ async def create(db: Database, tenant_id: str, name: str, body: ToolFields) -> T
         method = await _check(conn, tenant_id, body)
         try:
             row = await conn.fetchrow(
-                "INSERT INTO tools (tenant_id, name, description, input_schema, output_schema, annotations,"
-                " api_id, method, path_template) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-                " RETURNING tenant_id, name, description, input_schema, output_schema, annotations, api_id,"
-                " method, path_template",
+                "INSERT INTO tools (tenant_id, name, description, input_schema, output_schema, annotations,"  # noqa: S608
+                " api_id, method, path_template, budget_calls, budget_window_s)"
+                f" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING {_RETURNED}",
                 tenant_id,
                 name,
                 *_values(body, method),
@@ -116,14 +122,13 @@ async def update(db: Database, tenant_id: str, name: str, body: ToolFields) -> T
         method = await _check(conn, tenant_id, body)
         values = _values(body, method)
         keys = ("description", "input_schema", "output_schema", "annotations", "api_id", "method")
-        if all(current[k] == v for k, v in zip((*keys, "path_template"), values, strict=True)):
+        keys += ("path_template", "budget_calls", "budget_window_s")
+        if all(current[k] == v for k, v in zip(keys, values, strict=True)):
             return _tool(current)
         row = await conn.fetchrow(
-            "UPDATE tools SET description = $3, input_schema = $4, output_schema = $5, annotations = $6,"
-            " api_id = $7, method = $8, path_template = $9, updated_at = now()"
-            " WHERE tenant_id = $1 AND name = $2"
-            " RETURNING tenant_id, name, description, input_schema, output_schema, annotations, api_id,"
-            " method, path_template",
+            "UPDATE tools SET description = $3, input_schema = $4, output_schema = $5, annotations = $6,"  # noqa: S608
+            " api_id = $7, method = $8, path_template = $9, budget_calls = $10, budget_window_s = $11,"
+            f" updated_at = now() WHERE tenant_id = $1 AND name = $2 RETURNING {_RETURNED}",
             tenant_id,
             name,
             *values,
