@@ -75,7 +75,12 @@ class McpModule:
             "stoa-mcp", version="0.1.0", on_list_tools=self._list_tools, on_call_tool=self._call_tool
         )
         self.sessions = StreamableHTTPSessionManager(
-            app=self.server, session_idle_timeout=30 * 60, security_settings=security
+            app=self.server,
+            session_idle_timeout=30 * 60,
+            security_settings=security,
+            # A POST is answered with its JSON result, not an event stream of one event: less work
+            # per call (server-to-client streams are the GET stream).
+            json_response=True,
         )
         # session id → the caller that opened it (tenant, MCP route, consumer); the oldest go first
         # past the session manager's own limit, whose idle sessions end by themselves.
