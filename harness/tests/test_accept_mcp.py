@@ -451,4 +451,3 @@ def test_unauthenticated_callers_are_told_where_the_resource_metadata_is(
         "scopes_supported": [],
         "resource_name": "acme-mcp",
     }
-

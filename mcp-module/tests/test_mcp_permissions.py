@@ -167,3 +167,11 @@ def test_pinned_keys_file(tmp_path: Path, keys):
     path.write_text(json.dumps({"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "k1", "x": x, "d": x}]}))
     with pytest.raises(ValueError, match="private"):
         load_pinned_keys(path)
+
+
+async def test_a_budget_that_cannot_be_counted_refuses() -> None:
+    """Fail closed: without a quota store a budgeted call is refused, never made uncounted."""
+    from stoa_mcp.budgets import Budgets, BudgetUnavailable
+
+    with pytest.raises(BudgetUnavailable):
+        await Budgets("").spend(READER, "read", 10, 60)
