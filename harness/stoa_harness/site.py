@@ -293,7 +293,10 @@ class Site(Lifecycle):
                 [console_script("stoa-mcp")],
                 log_dir=self.run_dir,
                 env=self.mcp_env,
-                ready=lambda: tcp_accepting("127.0.0.1", self.mcp_http_port),
+                ready=lambda: (
+                    tcp_accepting("127.0.0.1", self.mcp_http_port)
+                    and tcp_accepting("127.0.0.1", self.mcp_port)
+                ),
                 ready_timeout=self.start_timeout,
             )
             self._stack.callback(self.mcp.stop)

@@ -7,8 +7,8 @@ import logging
 import sys
 
 from pydantic import ValidationError
+from stoa_ops.logs import configure
 
-from stoa_mcp.log import configure
 from stoa_mcp.serve import serve
 from stoa_mcp.settings import ConfigError, Settings, check
 
@@ -22,7 +22,7 @@ def _refuse(message: str) -> int:
 
 
 def main() -> int:
-    configure()
+    configure(quiet=("httpx",))
     try:
         settings = Settings()
         warnings = check(settings)

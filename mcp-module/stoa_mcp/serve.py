@@ -10,10 +10,12 @@ import signal
 import httpx
 import uvicorn
 from mcp.server.transport_security import TransportSecuritySettings
+from prometheus_client import CollectorRegistry
+from stoa_ops.endpoint import OperatorEndpoint
 
 from stoa_mcp.ads import Subscription, channel_credentials
 from stoa_mcp.budgets import Budgets
-from stoa_mcp.health import operator_app
+from stoa_mcp.health import McpCollector, readiness
 from stoa_mcp.identity import EnvelopeVerifier
 from stoa_mcp.permissions import Permissions, load_pinned_keys
 from stoa_mcp.server import McpModule
@@ -67,14 +69,17 @@ def _server(app: object, address: str) -> uvicorn.Server:
 async def serve(settings: Settings) -> None:
     module, subscription, http = build(settings)
     mcp = _server(module, settings.mcp_address)
-    ops = _server(operator_app(module), settings.http_address)
+    registry = CollectorRegistry()
+    registry.register(McpCollector(module))
+    host, port = split_address(settings.http_address)
+    ops = await OperatorEndpoint(lambda: readiness(module), registry).start(host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await module.verifier.refresh()
     ads_task = asyncio.create_task(subscription.run(), name="stoa-mcp-ads")
-    servers = [asyncio.create_task(s.serve(), name=f"stoa-mcp-{n}") for n, s in (("mcp", mcp), ("ops", ops))]
+    servers = [asyncio.create_task(mcp.serve(), name="stoa-mcp-mcp")]
     log.info("started", extra={"mcp_address": settings.mcp_address, "http_address": settings.http_address})
     stopper = asyncio.create_task(stop.wait())
     try:
@@ -86,7 +91,7 @@ async def serve(settings: Settings) -> None:
                 raise OSError("a listener could not start")
     finally:
         mcp.should_exit = True
-        ops.should_exit = True
+        ops.close()
         ads_task.cancel()
         stopper.cancel()
         with contextlib.suppress(asyncio.CancelledError, OSError, SystemExit):
