@@ -149,6 +149,18 @@ async def test_tools_crud_and_the_inventory(api):
     assert tool["budget"] == {"calls": 5, "window_seconds": 60}
     assert json.loads(shipped["input_schema_json"]) == SCHEMA
     assert [r["kind"] for r in inventory["routes"]] == ["mcp"]
+    # PUT replaces the fields: a new generation; the same body again changes nothing.
+    body = {k: v for k, v in tool.items() if k not in ("tenant_id", "name")}
+    body["description"] = "Read one order"
+    updated = await api.client.update_tool("get_order", body, tenant_id=tenant_id)
+    assert updated["description"] == "Read one order"
+    after_update = await api.generation(gateway_id)
+    assert after_update == before + 2
+    await api.client.update_tool("get_order", body, tenant_id=tenant_id)
+    assert await api.generation(gateway_id) == after_update
+    with pytest.raises(CPError) as renamed:
+        await api.client.update_tool("get_order", {**body, "name": "other"}, tenant_id=tenant_id)
+    assert renamed.value.fields == ["name"]
     with pytest.raises(CPError) as taken:
         await api.client.create_tool(
             "get_order",
