@@ -282,3 +282,23 @@ async def test_grants_revocations_sign_permissions_without_a_generation(signing_
 async def _until(condition) -> None:
     """Until `condition()` holds (callers bound it with a deadline)."""
     await wait_until_async(condition, 10, "the tool permissions to change")
+
+
+async def test_bulk_applies_the_mcp_kind_rules(api):
+    tenant_id = await api.tenant()
+    refused = await api.admin.post(
+        f"/v1/tenants/{tenant_id}/bulk",
+        json={
+            "apis": [
+                {
+                    "api_id": api.uid("m"),
+                    "name": "m",
+                    "kind": "mcp",
+                    "upstream_url": "http://127.0.0.1:1",
+                    "methods": ["GET"],
+                }
+            ]
+        },
+    )
+    assert refused.status_code == 422
+    assert refused.json()["errors"][0]["field"] == "apis[0].upstream_url"

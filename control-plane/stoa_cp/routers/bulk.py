@@ -29,6 +29,11 @@ def _check(body: BulkIn, max_items: int) -> None:
             ],
         )
     errors: list[tuple[str, str]] = []
+    for i, api in enumerate(body.apis):
+        # The kind's rules of a single call (an MCP route: no upstream, a token), named by position.
+        problem = api.kind_problem()
+        if problem is not None:
+            errors.append((f"apis[{i}].{problem[0]}", problem[1]))
     for field, values in (
         ("api_id", [a.api_id for a in body.apis]),
         ("path_prefix", [apis.columns(a.api_id, a)["path_prefix"] for a in body.apis]),
