@@ -4,10 +4,10 @@ Asymmetric algorithms only (the allowed set comes from the key: a symmetric key 
 neither `none` nor HMAC-with-a-public-key can verify); `iss`, `aud`, `exp` and `sub` required (RFC
 9068); `exp`/`nbf` with a small leeway; a lifetime (`exp - iat`, or `exp - now` without `iat`) above
 the maximum is refused, so a stolen long-lived token is not honoured. A `sub` is copied into an
-upstream header: one holding a control character is an invalid token (Envoy would refuse the header
-and the client would get a retryable 503 instead of a 401). An unknown `kid` triggers at most one
-bounded JWKS fetch per issuer and interval. (Check caches the decision for a verified token until
-the token expires.)
+upstream header: one that would not arrive unchanged (a control character, a space at either end,
+anything beyond ASCII: `stoa_proto.decisions.HEADER_CLAIM`) is an invalid token, never a 503. An
+unknown `kid` triggers at most one bounded JWKS fetch per issuer and interval. (Check caches the
+decision for a verified token until the token expires.)
 
 On a route whose token Envoy's `jwt_authn` filter verified, the identity is read from that filter's
 verified payload in the Check's `metadata_context`, under the filter's own namespace only: dynamic
@@ -31,7 +31,7 @@ from google.protobuf import json_format
 from joserfc import jwt
 from joserfc.errors import ExpiredTokenError, JoseError
 from joserfc.jwt import JWTClaimsRegistry
-from stoa_proto.decisions import BEARER_SCHEMES, CLOCK_SKEW_S
+from stoa_proto.decisions import BEARER_SCHEMES, CLOCK_SKEW_S, is_header_claim
 
 from stoa_authz.policy import PolicyError, Route, TrustedIssuer, VerificationKey, parse_jwks
 from stoa_authz.reasons import Deny, Reason
@@ -55,10 +55,21 @@ class Identity:
     expires_at: float
 
 
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose member names are unique. A repeated claim (`"tenant_id": "other", ...,
+    "tenant_id": "demo"`) is read as its last member here but as its first, or refused, by other
+    parsers (Envoy's jwt_authn refuses it): a token that means different things to different readers
+    is refused (RFC 7519 section 4 allows either)."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise ValueError("a member name is repeated")
+    return value
+
+
 def _b64json(segment: str) -> dict[str, Any]:
     padded = segment + "=" * (-len(segment) % 4)
     try:
-        value = json.loads(base64.urlsafe_b64decode(padded))
+        value = json.loads(base64.urlsafe_b64decode(padded), object_pairs_hook=_unique_members)
     except RecursionError as exc:  # deeply nested JSON: malformed, not an internal error
         raise ValueError("JSON nested too deeply") from exc
     if not isinstance(value, dict):
@@ -87,9 +98,8 @@ def identity_of(claims: dict[str, Any], tenant_claim: str) -> Identity:
         # OverflowError: an integer beyond any date (the library checks only its type).
         raise Deny(Reason.INVALID_TOKEN) from exc
     subject = claims.get("sub")
-    # Copied into an upstream header: one holding a control character is an invalid token (Envoy
-    # would refuse the header and the client would get a retryable 503 instead of a 401).
-    if not isinstance(subject, str) or not subject or not subject.isprintable():
+    # Copied into an upstream header: only a value that arrives unchanged (the rule Envoy applies too).
+    if not is_header_claim(subject):
         raise Deny(Reason.INVALID_TOKEN)
     tenant = claims.get(tenant_claim)
     return Identity(

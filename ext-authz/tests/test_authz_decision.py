@@ -72,11 +72,26 @@ def b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def raw_rs256(idp, header: dict, claims: dict, key: RSAKey | None = None) -> str:
+def _repeating(members: dict, repeated: tuple[str, object] | None) -> bytes:
+    """`members` as a JSON object, with a second member named `repeated[0]` last when given."""
+    text = json.dumps(members)
+    if repeated is not None:
+        text = f"{text[:-1]}, {json.dumps(repeated[0])}: {json.dumps(repeated[1])}}}"
+    return text.encode()
+
+
+def raw_rs256(
+    idp,
+    header: dict,
+    claims: dict,
+    key: RSAKey | None = None,
+    repeated_claim: tuple[str, object] | None = None,
+    repeated_header: tuple[str, object] | None = None,
+) -> str:
     """RS256 with the IdP's kid, signed without the JOSE library (which refuses to produce some of
-    these headers): by the IdP's key unless another `key` is given."""
-    head = json.dumps({"alg": "RS256", "kid": idp.kid, **header}).encode()
-    signing_input = f"{b64(head)}.{b64(json.dumps(claims).encode())}"
+    these headers, and repeated members): by the IdP's key unless another `key` is given."""
+    head = _repeating({"alg": "RS256", "kid": idp.kid, **header}, repeated_header)
+    signing_input = f"{b64(head)}.{b64(_repeating(claims, repeated_claim))}"
     signature = (key or idp.signing_key).private_key.sign(
         signing_input.encode(), padding.PKCS1v15(), hashes.SHA256()
     )
@@ -264,6 +279,51 @@ CASES = [
             401,
         )
         for name, ch in (("cr", "\r"), ("lf", "\n"), ("crlf", "\r\n"), ("nul", "\x00"))
+    ),
+    # ... and it must arrive unchanged: no space at either end (trimmed: " admin" is "admin" to an
+    # upstream), nothing beyond ASCII (read as Latin-1), nor a Unicode line separator or format
+    # character.
+    *(
+        (f"sub-{name}", lambda i, r, sub=sub: r(bearer(i.mint(sub=sub, **GOOD))), Reason.INVALID_TOKEN, 401)
+        for name, sub in (
+            ("leading-space", " admin"),
+            ("trailing-space", "admin "),
+            ("tab", "ad\tmin"),
+            ("not-ascii", "client-\u00e9"),
+            ("no-break-space", "admin\u00a0"),
+            ("line-separator", "a\u2028b"),
+            ("right-to-left-override", "a\u202eb"),
+        )
+    ),
+    # A repeated member means different things to different JSON parsers: refused, as Envoy does.
+    *(
+        (
+            f"repeated-{name}",
+            lambda i, r, claims=claims, repeated=repeated: r(
+                bearer(raw_rs256(i, {}, i.claims(**claims), repeated_claim=repeated))
+            ),
+            Reason.INVALID_TOKEN,
+            401,
+        )
+        for name, claims, repeated in (
+            ("tenant-ours-last", {**GOOD, "tenant": "other"}, ("tenant_id", "acme")),
+            ("tenant-ours-first", GOOD, ("tenant_id", "other")),
+            ("sub", GOOD, ("sub", "admin")),
+        )
+    ),
+    (
+        "repeated-header-kid",
+        lambda i, r: r(
+            bearer(raw_rs256(i, {"kid": "nope"}, i.claims(**GOOD), repeated_header=("kid", i.kid)))
+        ),
+        Reason.INVALID_TOKEN,
+        401,
+    ),
+    (
+        "sub-inner-space",
+        lambda i, r: r(bearer(i.mint(sub="service account 7", **GOOD))),
+        Reason.ALLOWED,
+        None,
     ),
     (
         "lifetime-above-maximum",

@@ -39,12 +39,25 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def _signed(idp: DevIdentityProvider, header: dict[str, Any], drop: str = "") -> str:
-    """A token signed by the trusted key (RS256) with an extra protected header or a claim left out,
-    signed without the JOSE library, which refuses to produce some of these."""
-    claims = {k: v for k, v in idp.claims(tenant="demo", scope="orders:read").items() if k != drop}
-    head = {"alg": "RS256", "kid": idp.kid, "typ": "JWT", **header}
-    signing_input = f"{_b64(json.dumps(head).encode())}.{_b64(json.dumps(claims).encode())}"
+def _signed(
+    idp: DevIdentityProvider,
+    header: dict[str, Any],
+    drop: str = "",
+    tenant: str = "demo",
+    repeated: tuple[str, str] | None = None,
+    repeated_header: tuple[str, str] | None = None,
+) -> str:
+    """A token signed by the trusted key (RS256) with an extra protected header, a claim left out or
+    a member repeated (`repeated`, `repeated_header`: a second member of that name, last in the
+    payload or the header), signed without the JOSE library, which refuses to produce some of these."""
+    claims = {k: v for k, v in idp.claims(tenant=tenant, scope="orders:read").items() if k != drop}
+    payload = json.dumps(claims)
+    if repeated is not None:
+        payload = f"{payload[:-1]}, {json.dumps(repeated[0])}: {json.dumps(repeated[1])}}}"
+    head = json.dumps({"alg": "RS256", "kid": idp.kid, "typ": "JWT", **header})
+    if repeated_header is not None:
+        head = f"{head[:-1]}, {json.dumps(repeated_header[0])}: {json.dumps(repeated_header[1])}}}"
+    signing_input = f"{_b64(head.encode())}.{_b64(payload.encode())}"
     signature = idp._key.private_key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
     return f"{signing_input}.{_b64(signature)}"
 
@@ -82,6 +95,40 @@ def cases(idp: DevIdentityProvider) -> dict[str, tuple[str, Headers]]:
         "no exp": (ORDERS, bearer(idp.mint(exp=None, **good))),
         "no iss": (ORDERS, bearer(_signed(idp, {}, drop="iss"))),
         "no sub": (ORDERS, bearer(_signed(idp, {}, drop="sub"))),
+        # Token hygiene (issue 10): `sub` is copied into x-stoa-subject, so it must reach the upstream
+        # as the token says it (stoa_proto.decisions.HEADER_CLAIM).
+        "sub with CR LF": (ORDERS, bearer(idp.mint(sub="c\r\nx-stoa-tenant-id: other", **good))),
+        "sub with NUL": (ORDERS, bearer(idp.mint(sub="c\x00x", **good))),
+        "sub with a tab": (ORDERS, bearer(idp.mint(sub="c\tx", **good))),
+        "sub with DEL": (ORDERS, bearer(idp.mint(sub="c\x7fx", **good))),
+        "sub with a leading space": (ORDERS, bearer(idp.mint(sub=" admin", **good))),
+        "sub with a trailing space": (ORDERS, bearer(idp.mint(sub="admin ", **good))),
+        "sub with an inner space": (ORDERS, bearer(idp.mint(sub="service account 7", **good))),
+        "sub not ASCII": (ORDERS, bearer(idp.mint(sub="client-\u00e9", **good))),
+        "sub with a no-break space": (ORDERS, bearer(idp.mint(sub="admin\u00a0", **good))),
+        "sub with a line separator": (ORDERS, bearer(idp.mint(sub="c\u2028x", **good))),
+        "sub with a right-to-left override": (ORDERS, bearer(idp.mint(sub="c\u202ex", **good))),
+        "sub empty": (ORDERS, bearer(idp.mint(sub="", **good))),
+        "sub a number": (ORDERS, bearer(idp.mint(sub=4711, **good))),
+        "lifetime above the maximum": (ORDERS, bearer(idp.mint(lifetime_s=86_400 + 300, **good))),
+        "no iat, expiring beyond the maximum": (
+            ORDERS,
+            bearer(idp.mint(iat=None, lifetime_s=86_400 + 300, **good)),
+        ),
+        "tenant claim with CR LF": (ORDERS, bearer(idp.mint(tenant="demo\r\nx", scope="orders:read"))),
+        # Claims of another JSON type, or repeated (JSON parsers differ on which member wins).
+        "tenant claim a list": (ORDERS, bearer(idp.mint(tenant=["demo"], scope="orders:read"))),
+        "scope a list": (ORDERS, bearer(idp.sign({**idp.claims(tenant="demo"), "scope": ["orders:read"]}))),
+        "tenant claim repeated, ours last": (
+            ORDERS,
+            bearer(_signed(idp, {}, tenant="other", repeated=("tenant_id", "demo"))),
+        ),
+        "tenant claim repeated, ours first": (
+            ORDERS,
+            bearer(_signed(idp, {}, repeated=("tenant_id", "other"))),
+        ),
+        "sub repeated": (ORDERS, bearer(_signed(idp, {}, repeated=("sub", "admin")))),
+        "kid repeated": (ORDERS, bearer(_signed(idp, {"kid": "nope"}, repeated_header=("kid", idp.kid)))),
         "no aud": (ORDERS, bearer(_signed(idp, {}, drop="aud"))),
         "critical header extension": (ORDERS, bearer(_signed(idp, {"crit": ["b64"], "b64": True}))),
         "other tenant": (ORDERS, bearer(idp.mint(tenant="other", scope="orders:read"))),

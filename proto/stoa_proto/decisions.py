@@ -7,6 +7,7 @@ the same status and `WWW-Authenticate` whichever of the two decided. Bodies: `st
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 DECISION_EVENT = "ext_authz_decision"
@@ -23,6 +24,20 @@ IDENTITY_HEADER = "x-stoa-identity"
 BEARER_SCHEMES = ("Bearer", "bearer", "BEARER")
 # Leeway on exp and nbf.
 CLOCK_SKEW_S = 30
+
+# A claim copied into an upstream header (`sub` → x-stoa-subject) must arrive as the token says it, so
+# it is visible ASCII, spaces inside only. A control character would break the header (a retryable
+# 503 instead of a 401); a space at either end is trimmed by every HTTP parser, so " admin" would
+# reach the upstream as "admin"; anything beyond ASCII is read by most servers as Latin-1 (`é` as
+# `Ã©`), another identity again. Anything else is `invalid_token`. RE2 (Envoy's rbac on the verified
+# payload) and Python's `re` read this pattern alike, as a full match.
+HEADER_CLAIM = "[!-~](?:[ -~]*[!-~])?"
+_HEADER_CLAIM = re.compile(HEADER_CLAIM)
+
+
+def is_header_claim(value: object) -> bool:
+    """Whether `value` (a claim) can be copied into an upstream header unchanged."""
+    return isinstance(value, str) and _HEADER_CLAIM.fullmatch(value) is not None
 
 
 class Reason(StrEnum):

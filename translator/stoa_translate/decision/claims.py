@@ -4,8 +4,8 @@ on the request's form before the token is read, and on `jwt_authn`'s verified pa
 Each rule is a DENY policy whose name says why (`error_contract` maps the name to the reason, the
 status and the challenge). The claims policies exclude one another, so whichever Envoy evaluates
 first, a request is denied for the reason the service would give, in the service's order: the token
-itself (`iss` present, `sub` present and printable, no critical header extension), then the tenant
-claim, then every required scope.
+itself (`iss` present, `sub` present and fit for a header by `stoa_proto.decisions.HEADER_CLAIM`, no
+critical header extension), then the tenant claim, then every required scope.
 
 Scopes come from `scope` (space-separated) or `scp` (a list, or space-separated). A `safe_regex`
 string match is a full match, so a scope inside a space-separated claim is `(.* )?scope( .*)?`.
@@ -21,7 +21,7 @@ from envoy.config.rbac.v3 import rbac_pb2 as rbac_config
 from envoy.config.route.v3 import route_components_pb2
 from envoy.extensions.filters.http.rbac.v3 import rbac_pb2
 from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
-from stoa_proto.decisions import Reason
+from stoa_proto.decisions import HEADER_CLAIM, Reason
 
 from stoa_translate.decision import error_contract, jwt_authn
 from stoa_translate.filters import JWT_AUTHN_FILTER
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 # Headers that may not appear twice (Envoy joins repeated values with ","; the service refuses a
 # comma in them for the same reason).
 SINGLE_VALUED = ("authorization", "x-api-key")
-_PRINTABLE = "[^\\x00-\\x1f\\x7f]+"
 
 
 def _principal(**kwargs: object) -> rbac_config.Principal:
@@ -127,7 +126,7 @@ def claims_config(route: RouteIR, options: TranslateOptions) -> rbac_pb2.RBACPer
     token_ok = _all(
         (
             _claim("iss", value=_PRESENT),
-            _claim("sub", value=_regex(_PRINTABLE)),
+            _claim("sub", value=_regex(HEADER_CLAIM)),
             _not(_verified(jwt_authn.HEADER, ("crit",), _PRESENT)),
         )
     )
