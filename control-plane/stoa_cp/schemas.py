@@ -131,6 +131,20 @@ class ApiAuth(Strict):
         return value
 
 
+class ApiAuthIn(ApiAuth):
+    """What a write may say (stored APIs are read back as `ApiAuth`, whatever an older CP accepted)."""
+
+    @field_validator("forward_credential")
+    @classmethod
+    def _forwarding_needs_a_credential(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("mode") == "none":
+            raise ValueError(
+                "mode none consumes no credential, so there is none to forward: the upstream already "
+                "gets the client's authorization header as sent"
+            )
+        return value
+
+
 class ApiFields(Strict):
     name: Name
     # "http": proxied to upstream_url; "mcp": an MCP route answered by the site's MCP module with the
@@ -140,7 +154,7 @@ class ApiFields(Strict):
     path_prefix: PathPrefix | None = None
     methods: Methods
     timeout_ms: int | None = Field(default=None, ge=1, le=3_600_000)
-    auth: ApiAuth = Field(default_factory=ApiAuth)
+    auth: ApiAuthIn = Field(default_factory=ApiAuthIn)
 
     @model_validator(mode="wrap")
     @classmethod

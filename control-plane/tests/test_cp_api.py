@@ -140,6 +140,7 @@ BAD_APIS = [
     ({"auth": {"mode": "basic"}}, "auth.mode"),
     ({"auth": {"mode": "jwt", "scopes": ["has space"]}}, "auth.scopes"),
     ({"auth": {"mode": "none", "envelope": True}}, "auth.envelope"),
+    ({"auth": {"mode": "none", "forward_credential": True}}, "auth.forward_credential"),
     ({"surprise": 1}, "surprise"),
     # What PostgreSQL cannot store, and upstreams the Link would refuse, are refused here already.
     ({"name": "a\u0000b"}, "name"),

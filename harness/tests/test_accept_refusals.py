@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from stoa_harness.cp_client import CPError
 from stoa_harness.estate import Estate
+from stoa_harness.wait import wait_until
 
 TENANT = "ref"
 LIVE = "/apis/ref-live/x"
@@ -45,8 +46,18 @@ def refusals(estate: Estate) -> Estate:
         targets=["ref-live"],
     )
     estate.admin.wait_synced()
-    assert estate.gateway.get(estate.url(LIVE)).status_code == 200
+    wait_serving(estate)
     return estate
+
+
+def wait_serving(estate: Estate) -> None:
+    """The live route answers 200 through Envoy and its Check. Waited on rather than asked once: each
+    Envoy worker opens its own connection to the Check service on its first request, and on a loaded
+    machine that first Check may miss the 250 ms ext_authz deadline (a 503 that says nothing about the
+    configuration). A route a refused change had broken would stay broken past the deadline."""
+    wait_until(
+        lambda: estate.gateway.get(estate.url(LIVE)).status_code == 200, 15, f"{LIVE} serving through Envoy"
+    )
 
 
 class Baseline:
@@ -69,7 +80,7 @@ def baseline(refusals: Estate, witness_allows: None) -> Iterator[Baseline]:
 
 def assert_envoy_unchanged(estate: Estate, before: Baseline) -> None:
     assert estate.envoy.versions() == before.envoy_versions
-    assert estate.gateway.get(estate.url(LIVE)).status_code == 200
+    wait_serving(estate)
 
 
 UNSUPPORTED: list[tuple[str, dict[str, Any]]] = [
