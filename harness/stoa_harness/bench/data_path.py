@@ -40,6 +40,8 @@ PATH = f"/apis/{API_ID}/resource"
 WORKER_COUNTS = tuple(int(n) for n in os.environ.get("BENCH_AUTHZ_WORKERS", "1,2,4").split(","))
 CONNECTIONS = 32
 UNCACHED_TOKENS = 12_000  # above the service's default token cache (10,000 entries)
+# Requests jwt_authn let through on the gateway's listener (its HTTP connection manager's stats).
+JWT_ALLOWED = r"^http\.stoa\.jwt_authn\.allowed$"
 
 
 def _children_cpu() -> float:
@@ -47,15 +49,18 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _split(rig: Rig, load: Callable[[], WrkResult]) -> tuple[WrkResult, dict[str, float], float]:
-    """Run `load`; its result, the cores each party used meanwhile, and the authz CPU seconds."""
+def _split(
+    rig: Rig, load: Callable[[], WrkResult], checker: int | None = None
+) -> tuple[WrkResult, dict[str, float], float]:
+    """Run `load`; its result, the cores each party used meanwhile, and the CPU seconds of the Check
+    server (stoa-authz's session, or the process `checker`)."""
     gateway, upstream = rig.estate.envoy.proc, rig.upstream.envoy.proc
     if gateway is None or upstream is None:
         raise RuntimeError("both Envoys must run during the data path")
     groups = {
         "gateway_envoy": [gateway.pid],
         "upstream_envoy": [upstream.pid],
-        "authz": session_pids(rig.authz_leader),
+        "authz": [checker] if checker is not None else session_pids(rig.authz_leader),
     }
     before = {name: cpu_seconds(pids) for name, pids in groups.items()}
     wrk0 = _children_cpu()
@@ -68,13 +73,16 @@ def _split(rig: Rig, load: Callable[[], WrkResult]) -> tuple[WrkResult, dict[str
     return result, split, after["authz"].seconds - before["authz"].seconds
 
 
-def _authz_phase(rig: Rig, tokens: list[str], connections: int, duration_s: float) -> dict[str, Any]:
+def _authz_phase(
+    rig: Rig, tokens: list[str], connections: int, duration_s: float, checker: int | None = None
+) -> dict[str, Any]:
     checks0 = rig.ext_authz_checks()
     result, split, authz_cpu = _split(
         rig,
         lambda: run_wrk(
             rig.gateway_url, paths=[PATH], tokens=tokens, connections=connections, duration_s=duration_s
         ),
+        checker,
     )
     checks1 = rig.ext_authz_checks()
     checks = max(1, checks1 - checks0)
@@ -106,11 +114,23 @@ def _check_clean(name: str, phase: dict[str, Any]) -> None:
 
 
 def _native_phase(rig: Rig, tokens: list[str], connections: int, duration_s: float) -> dict[str, Any]:
-    checks0 = rig.ext_authz_checks()
-    phase = _proxy_phase(rig, tokens, connections, duration_s)
+    """The JWT route on the gateway's listener, decided by Envoy: every request it served passed
+    jwt_authn, and none was Checked."""
+    checks0, verified0 = rig.ext_authz_checks(), rig.estate.envoy.counters(JWT_ALLOWED)
+    result, split, _ = _split(
+        rig,
+        lambda: run_wrk(
+            rig.gateway_url, paths=[PATH], tokens=tokens, connections=connections, duration_s=duration_s
+        ),
+    )
+    verified = rig.estate.envoy.counters(JWT_ALLOWED) - verified0
     if rig.ext_authz_checks() != checks0:
         raise AssertionError("the native route made Checks: it is not decided by Envoy")
-    return phase
+    if verified < result.requests:
+        raise AssertionError(
+            f"jwt_authn verified {verified} of {result.requests} requests: not the native route"
+        )
+    return {**result.as_dict(), "cpu_split": split}
 
 
 def _beside_the_service(
@@ -131,7 +151,7 @@ def _beside_the_service(
         rig.relink(EXT_AUTHZ_ADDRESS=address)
         for _ in range(reps):
             proxy = _proxy_phase(rig, cached, CONNECTIONS, duration_s)
-            phase = _authz_phase(rig, cached, CONNECTIONS, duration_s)
+            phase = _authz_phase(rig, cached, CONNECTIONS, duration_s, checker=noop.pid)
             _check_clean("noop_check", phase)
             phase["ratio"] = phase["rps"] / proxy["rps"]
             variants.setdefault("noop_check", []).append(phase)

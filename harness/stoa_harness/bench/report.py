@@ -98,8 +98,11 @@ EXPLANATIONS: dict[str, str] = {
         "upstream and wrk (see cpu_split)."
     ),
     "data_path.authz_floor_ratio": (
-        "The service's own work per Check (decision, envelope, decision log) against a server that "
-        "answers a prepared OK on the same grpcio server. Evidence: bench/PROFILE-authz.md."
+        "The no-op server answers a prepared OK on the same grpcio server, so the gap is the service's "
+        "own work per Check (decision, envelope, decision log): compare the authz CPU µs/decision of "
+        "authz_cached_w1 and noop_check in the table below (same run; the no-op's is what grpcio costs). "
+        "Both cores are busy in both phases, so each µs of the service's is taken from Envoy and the "
+        "upstream. Evidence: bench/PROFILE-authz.md."
     ),
     "data_path.added_p50_ms_one_conn": (
         "At one connection the hop's latency is grpcio's synchronous server handing each call from its "
