@@ -70,6 +70,8 @@ DEMO_TOOLS = {
     "echo_write": ("POST", "Post to the echo API (not granted to the demo token)", "/tools"),
 }
 DEMO_GRANTED_TOOL = "echo_read"
+# Envoy's counters of Checks to the authorization service, every outcome.
+ENVOY_CHECKS = r"^http\..*\.ext_authz\.(ok|denied|error|failure_mode_allowed)$"
 AUDIENCE = "stoa"
 DEMO_TOKEN_LIFETIME_S = 12 * 3600
 
@@ -210,6 +212,7 @@ def demonstrate(estate: Estate, info: dict[str, Any]) -> str:
     url = estate.url(info["demo_path"])
     lines = ["Seen just now through Envoy:"]
     if "demo_token" in info:
+        checks = estate.envoy.counters(ENVOY_CHECKS)
         allowed = estate.gateway.get(url, headers={"authorization": f"Bearer {info['demo_token']}"})
         tenant = allowed.json().get("headers", {}).get("x-stoa-tenant-id") if allowed.is_success else None
         lines.append(
@@ -220,6 +223,13 @@ def demonstrate(estate: Estate, info: dict[str, Any]) -> str:
         lines.append(
             f"  GET {info['demo_path']} without a token      -> {refused.status_code}"
             f" (WWW-Authenticate: {refused.headers.get('www-authenticate', '-')})"
+        )
+        # Read from Envoy's own counters, not assumed: where the two decisions were made.
+        made = estate.envoy.counters(ENVOY_CHECKS) - checks
+        lines.append(
+            "  both decided by Envoy itself (jwt_authn + rbac, no Check to the authorization service)"
+            if made == 0
+            else f"  both decided by the authorization service ({made} Checks)"
         )
     else:
         answered = estate.gateway.get(url)

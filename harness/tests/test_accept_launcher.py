@@ -152,6 +152,16 @@ def test_stop_signals_during_start_up_stop_what_was_started(starting: Launcher) 
     assert not starting.state_file.exists()
 
 
+def test_the_first_screen_shows_the_demo_api_decided_by_envoy(launcher: Launcher) -> None:
+    # The first screen is printed once .stoa/estate.json is written, in one write.
+    output = wait_until(
+        lambda: "Ctrl-C stops everything." in (text := launcher.output()) and text, 30, "the first screen"
+    )
+    assert "with the demo token  -> 200" in output
+    assert "without a token      -> 401" in output
+    assert "both decided by Envoy itself" in output
+
+
 def decided_by_the_service(launcher: Launcher) -> tuple[str, dict[str, str]]:
     """A URL through Envoy whose requests the authorization service decides (an API with the
     identity envelope: the demo API is decided by Envoy alone), and the headers that pass it."""
