@@ -1,12 +1,13 @@
 """Phase 1, normalise: lower-case header names, refuse duplicates of single-valued headers, control
-characters, and a path with a hidden dot segment (`stoa_proto.paths`; Envoy refuses those first).
+characters, and a path `stoa_proto.paths` refuses (a hidden dot segment, a foreign escape; Envoy refuses
+those first).
 Envoy hands headers either as a map whose repeated values it joined with "," (`headers`) or, with
 `encode_raw_headers`, as a list of raw entries (`header_map`)."""
 
 from __future__ import annotations
 
 from envoy.service.auth.v3.attribute_context_pb2 import AttributeContext
-from stoa_proto.paths import has_hidden_dot_segment
+from stoa_proto.paths import is_refused
 
 from stoa_authz.reasons import Deny, Reason
 
@@ -18,7 +19,7 @@ _FORBIDDEN = ("\r", "\n", "\x00")
 
 
 def normalise(http: AttributeContext.HttpRequest) -> dict[str, str]:
-    if has_hidden_dot_segment(http.path):
+    if is_refused(http.path):
         raise Deny(Reason.MALFORMED_REQUEST)
     headers: dict[str, str] = {}
     if http.header_map.headers:

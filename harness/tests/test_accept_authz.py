@@ -367,6 +367,13 @@ def test_an_upstream_never_sees_the_checked_token_unless_the_api_forwards_it(
         "/p/pub/%252e%252e;/admin/x",
         "/p/pub/%252e%252e/admin/x",
         "/p/pub/%%32%65%%32%65;/admin/x",
+        # Escapes that are not percent-encoded UTF-8, decoded by lax servers (IIS's %u, overlong UTF-8).
+        "/p/pub/%u002e%u002e/admin/x",
+        "/p/pub/%U002E%U002E;/admin/x",
+        "/p/pub/%c0%ae%c0%ae/admin/x",
+        "/p/pub/%e0%80%ae%e0%80%ae/admin/x",
+        "/p/pub/x%c0%af..%c0%afadmin/x",
+        "/p/pub/%25u002e%25u002e/admin/x",
     ],
 )
 def test_a_hidden_dot_segment_into_a_protected_api_is_400_and_never_reaches_the_upstream(

@@ -8,8 +8,9 @@ Rewrite: the matched path_prefix is replaced by the upstream URL's base path —
 `/apis/x/foo` → `/base/foo` and `/apis/x` → `/base` for `http://h/base`; `/apis/x/foo` → `/foo` and
 `/apis/x` → `/` for an upstream without a path. The query string is kept.
 
-Refusal: the first entry answers 400 to a path with a hidden dot segment (`stoa_proto.paths`, the rule
-the authorization service also applies), before any route can match it and without a Check.
+Refusal: the first entries answer 400 to a path `stoa_proto.paths` refuses (a hidden dot segment, a
+foreign escape; the rules the authorization service also applies), before any route can match it and
+without a Check.
 
 Credential: a route that checks a token removes the client's `authorization` before the upstream
 (the router applies it after ext_authz, which has read it), unless the API forwards it.
@@ -25,7 +26,7 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from google.protobuf import any_pb2, duration_pb2, message
 from stoa_proto.decisions import API_HEADER, TENANT_HEADER
-from stoa_proto.paths import HIDDEN_DOT_SEGMENT
+from stoa_proto.paths import FOREIGN_ESCAPE, HIDDEN_DOT_SEGMENT
 
 from stoa_translate import mcp
 from stoa_translate.decision import claims, jwt_authn, placement
@@ -51,6 +52,12 @@ VIRTUAL_HOST_NAME = "stoa"
 # Clients must not be able to pass an "original path" of their choosing to an upstream.
 CLIENT_HEADERS_REMOVED = ("x-envoy-original-path",)
 HIDDEN_DOT_SEGMENT_ROUTE = "stoa-refuse-hidden-dot-segment"
+# The path refusals (every rule of `stoa_proto.paths.REFUSED_PATHS`), first in the virtual host: one
+# entry per rule, each its own RE2 program under Envoy's size limit.
+REFUSAL_ROUTES: tuple[tuple[str, str], ...] = (
+    (HIDDEN_DOT_SEGMENT_ROUTE, HIDDEN_DOT_SEGMENT),
+    ("stoa-refuse-foreign-escape", FOREIGN_ESCAPE),
+)
 CREDENTIAL_HEADER = "authorization"
 
 
@@ -85,7 +92,7 @@ def render_routes(
     host = config.virtual_hosts.add(name=VIRTUAL_HOST_NAME, domains=["*"])
     for name, per_filter in virtual_host_configs(policy_set_version, proc_version).items():
         host.typed_per_filter_config[name].CopyFrom(per_filter)
-    host.routes.append(_refuse_hidden_dot_segment())
+    host.routes.extend(_refuse_path(name, pattern) for name, pattern in REFUSAL_ROUTES)
     # Exact paths, before every prefix entry (a route with prefix "/" would take them otherwise).
     host.routes.extend(mcp.well_known_entries(site))
     # Parsed in place: appending a built virtual host would copy all of its entries once more.
@@ -93,11 +100,11 @@ def render_routes(
     return config, rendered
 
 
-def _refuse_hidden_dot_segment() -> route_components_pb2.Route:
+def _refuse_path(name: str, pattern: str) -> route_components_pb2.Route:
     # No body here: the listener's local-reply mapping gives every Envoy 400 the neutral JSON body.
     entry = route_components_pb2.Route(
-        name=HIDDEN_DOT_SEGMENT_ROUTE,
-        match=route_components_pb2.RouteMatch(safe_regex=regex_pb2.RegexMatcher(regex=HIDDEN_DOT_SEGMENT)),
+        name=name,
+        match=route_components_pb2.RouteMatch(safe_regex=regex_pb2.RegexMatcher(regex=pattern)),
         direct_response=route_components_pb2.DirectResponseAction(status=400),
     )
     entry.typed_per_filter_config[EXT_AUTHZ_FILTER].CopyFrom(packed(EXT_AUTHZ_DISABLED))

@@ -11,10 +11,11 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from google.protobuf import json_format
 from stoa_proto import inventory_pb2
 from stoa_proto.bodies import DENY_BODIES
+from stoa_proto.paths import REFUSED_PATHS
 from stoa_translate import TranslateOptions, translate
 from stoa_translate.policies.cors import origin_matcher
 from stoa_translate.refusal import FailureReason, Refusal
-from stoa_translate.routes import HIDDEN_DOT_SEGMENT_ROUTE
+from stoa_translate.routes import REFUSAL_ROUTES
 from stoa_translate.snapshot import AUTHZ_POLICY_SET, CLUSTER, ENVOY_TYPES, LISTENER, ROUTE, Snapshot
 
 OPTIONS = TranslateOptions()
@@ -47,11 +48,12 @@ def policy(pid: str, kind: str, config: dict[str, object], applicable: list[str]
 
 
 def entries(snapshot: Snapshot) -> list:
-    """The entries rendered for the inventory's routes (the first entry of all is the path refusal)."""
+    """The entries rendered for the inventory's routes (the first entries of all are the path refusals)."""
     (routes,) = snapshot.of(ROUTE)
     (vhost,) = routes.virtual_hosts
-    assert vhost.routes[0].name == HIDDEN_DOT_SEGMENT_ROUTE
-    return list(vhost.routes[1:])
+    refusals = len(REFUSAL_ROUTES)
+    assert [r.name for r in vhost.routes[:refusals]] == [name for name, _ in REFUSAL_ROUTES]
+    return list(vhost.routes[refusals:])
 
 
 def cluster_of(snapshot: Snapshot) -> dict[str, str]:
@@ -331,11 +333,18 @@ def test_the_credential_is_removed_upstream_unless_forwarded_or_not_checked() ->
     assert removed == {"checked": ["authorization"], "forwarded": [], "open": []}
 
 
-def test_hidden_dot_segments_are_refused_first_without_a_check() -> None:
+def test_every_path_rule_has_its_refusal_entry() -> None:
+    assert tuple(pattern for _, pattern in REFUSAL_ROUTES) == REFUSED_PATHS
+
+
+@pytest.mark.parametrize(
+    ("index", "path"), [(0, "/apis/r1/%252e%252e;/admin"), (1, "/apis/r1/%u002e%u002e/admin")]
+)
+def test_refused_paths_are_refused_first_without_a_check(index: int, path: str) -> None:
     (routes,) = translate(inventory(BASE), OPTIONS).of(ROUTE)
-    refusal = routes.virtual_hosts[0].routes[0]
+    refusal = routes.virtual_hosts[0].routes[index]
     assert refusal.direct_response.status == 400
-    assert re.fullmatch(refusal.match.safe_regex.regex, "/apis/r1/%252e%252e;/admin")
+    assert re.fullmatch(refusal.match.safe_regex.regex, path)
     per_route = ext_authz_pb2.ExtAuthzPerRoute()
     refusal.typed_per_filter_config["envoy.filters.http.ext_authz"].Unpack(per_route)
     assert per_route.disabled
