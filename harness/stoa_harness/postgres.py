@@ -135,6 +135,30 @@ class EmbeddedPostgres(Lifecycle):
             self._run(["pg_ctl", "stop", "-D", str(self._data), "-m", "fast", "-w", "-t", "30"], check=True)
             self._running = False
 
+    def dump(self, database: str) -> Path:
+        """A backup of `database` (pg_dump's custom format), for `restore`."""
+        _check_db_name(database)
+        path = self._dir / f"{database}.dump"
+        self._run(
+            [
+                *("pg_dump", "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER),
+                *("-Fc", "-f", str(path), database),
+            ],
+            check=True,
+        )
+        return path
+
+    def restore(self, database: str, backup: Path) -> None:
+        """`database` put back as `backup` holds it (what was created since is dropped)."""
+        _check_db_name(database)
+        self._run(
+            [
+                *("pg_restore", "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER),
+                *("--clean", "--if-exists", "-d", database, str(backup)),
+            ],
+            check=True,
+        )
+
     # -- use --------------------------------------------------------------------------------------
     @property
     def dsn(self) -> str:
