@@ -33,6 +33,7 @@ from stoa_cp.routers import (
 from stoa_cp.schemas import unstorable
 from stoa_cp.settings import Settings
 from stoa_cp.store import policies as policy_store
+from stoa_cp.store.changes import DeltaTracker
 from stoa_cp.store.database import Bounds, Database
 from stoa_cp.store.inventory import InventoryCache
 
@@ -123,6 +124,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.inventory_cache = InventoryCache()
     app.state.metrics = metrics.Metrics()
+    app.state.delta_tracker = DeltaTracker()
     problems.install(app)
     app.add_exception_handler(Taken, on_taken)
     app.add_middleware(

@@ -6,6 +6,7 @@ gateway-credential check, and inventories pushed verbatim, whatever their genera
 
     with ScriptedCP("gw-1", credential) as cp:          # STOA_LINK_CP_URL = cp.url
         cp.push(inventory)                              # becomes /config and goes to every SSE stream
+        cp.push_delta(inventory, corrupt=True)          # the same, sent as a (here corrupted) delta
         cp.wait_report(generation=2, status="FAILED")   # the SyncReport the Link posted (a dict)
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 from google.protobuf import json_format
 from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
+from stoa_proto.inventory_delta import diff
 
 from stoa_harness.asgi_thread import Receive, Scope, Send, ThreadedASGIServer, read_body
 from stoa_harness.lifecycle import Lifecycle
@@ -34,6 +36,15 @@ def inventory_json(inventory: inventory_pb2.Inventory) -> str:
     return json.dumps(doc)
 
 
+def _with_schema(inventory: inventory_pb2.Inventory) -> inventory_pb2.Inventory:
+    if inventory.schema_version:
+        return inventory
+    copy = inventory_pb2.Inventory()
+    copy.CopyFrom(inventory)
+    copy.schema_version = INVENTORY_SCHEMA_VERSION
+    return copy
+
+
 class ScriptedCP(Lifecycle):
     def __init__(self, gateway_id: str, credential: str) -> None:
         self.gateway_id = gateway_id
@@ -41,6 +52,7 @@ class ScriptedCP(Lifecycle):
         self._lock = threading.Lock()
         self._current = inventory_pb2.Inventory(gateway_id=gateway_id, generation=1)
         self._reports: list[dict[str, Any]] = []
+        self._config_fetches = 0
         self._streams: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[str | None]]] = []
         self._http = ThreadedASGIServer(self._app, "scripted-cp")
 
@@ -61,6 +73,28 @@ class ScriptedCP(Lifecycle):
         with self._lock:
             self._current = inventory
         self._broadcast(self._event(inventory))
+
+    def push_delta(
+        self, inventory: inventory_pb2.Inventory, *, base: int | None = None, corrupt: bool = False
+    ) -> None:
+        """Serve `inventory` from /config and send the delta to it from the current one as a `delta`
+        event: labelled with another `base` generation (a gap), or `corrupt`ed (an element changed
+        after hashing: the Link's hash check fails) when the test asks."""
+        inventory = _with_schema(inventory)
+        with self._lock:
+            delta = diff(_with_schema(self._current), inventory)
+            self._current = inventory
+        if base is not None:
+            delta.base_generation = base
+        if corrupt:
+            delta.routes[0].upstream_url += "/not-what-was-hashed"
+        data = json_format.MessageToJson(delta, preserving_proto_field_name=True, indent=None)
+        self._broadcast(f"event: delta\nid: {inventory.generation}\ndata: {data}\n\n")
+
+    def config_fetches(self) -> int:
+        """How many times /config was fetched."""
+        with self._lock:
+            return self._config_fetches
 
     def reports(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -114,6 +148,7 @@ class ScriptedCP(Lifecycle):
         method = scope["method"]
         if endpoint == "config" and method == "GET":
             with self._lock:
+                self._config_fetches += 1
                 body = inventory_json(self._current).encode()
             await _reply(send, 200, body)
         elif endpoint == "events" and method == "GET":

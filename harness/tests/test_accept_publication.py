@@ -7,6 +7,7 @@ Everything here goes through real processes: the CP (`stoa-cp`) on embedded Post
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -167,6 +168,26 @@ def test_cp_outage_keeps_envoy_serving_and_the_link_catches_up(estate: Estate) -
     estate.admin.wait_synced(generation, timeout=60)
     assert estate.gateway.get(estate.url("/apis/pub-after-outage/x")).status_code == 200
     assert estate.gateway.get(estate.url("/apis/pub-outage/x")).status_code == 200
+
+
+def test_a_change_travels_as_a_delta_checked_against_the_complete_inventory(estate: Estate) -> None:
+    """Issue 14: the real CP streams what changed; the Link applies it, checks the content hash and
+    publishes without fetching the complete inventory (which stays available, and much larger)."""
+    for n in range(4):
+        estate.publish(f"pub-delta-{n}", upstream_url=f"{estate.upstream.url}/delta", methods=["GET"])
+    generation = estate.publish("pub-delta", upstream_url=f"{estate.upstream.url}/delta", methods=["GET"])
+    estate.admin.wait_synced(generation)
+    assert estate.gateway.get(estate.url("/apis/pub-delta/x")).status_code == 200
+    lines = estate.link.log_path.read_text(errors="replace").splitlines()
+    received = [e for e in map(json.loads, filter(lambda line: line.startswith("{"), lines))]
+    delivered = [
+        e for e in received if e.get("event") == "inventory_received" and e.get("generation") == generation
+    ]
+    assert [e["source"] for e in delivered] == ["delta"]
+    complete = len(json.dumps(estate.inventory()))
+    assert delivered[0]["bytes"] * 3 < complete, (delivered[0]["bytes"], complete)
+    scraped = httpx.get(f"{estate.link_http_url}/metrics", timeout=10).text
+    assert "stoa_link_inventory_refetches_total{" not in scraped
 
 
 # -- CP API bad inputs: the right 4xx, a problem body naming the field, nothing changed -----------------

@@ -104,7 +104,7 @@ def _run(settings: LinkSettings) -> None:
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     endpoints = OperatorEndpoint(
-        lambda: readiness(ads), link_registry(agent.stats, ads, lambda: cp.stream_open)
+        lambda: readiness(ads), link_registry(agent.stats, ads, lambda: cp.stream_open, lambda: cp.refetches)
     )
 
     async def main() -> None:

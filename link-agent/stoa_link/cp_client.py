@@ -1,4 +1,8 @@
-"""The Link's view of the CP: the config endpoint, then the SSE stream, resumed by generation.
+"""The Link's view of the CP: the config endpoint, then the SSE stream of deltas, resumed by generation.
+
+Each delta applies to the last complete inventory received; the result must have the delta's content
+hash. A delta for another generation (a gap), one that misses its hash, or one that cannot be read
+makes the Link fetch the complete inventory instead, so what the agent gets is always complete.
 
 The Link always connects out. During an outage nothing here touches what the ADS server serves; the
 client reconnects with bounded, fully jittered exponential backoff and resumes with Last-Event-ID.
@@ -11,6 +15,7 @@ import json
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +27,7 @@ from google.protobuf.message import Message
 from httpx_sse import aconnect_sse
 from stoa_ops.backoff import Backoff
 from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
+from stoa_proto.inventory_delta import DeltaMismatch, Elements
 from stoa_translate.policies import KINDS
 
 log = logging.getLogger("stoa_link.cp_client")
@@ -282,6 +288,10 @@ class CpClient:
         self.last_document: str | None = None
         # True while the event stream is open (answered 200 and not yet lost), for /metrics.
         self.stream_open = False
+        # The last complete inventory received (applied or refused), as the deltas apply to it.
+        self._held: Elements | None = None
+        # Complete fetches a delta caused, by why ("gap", "mismatch", "unreadable"), for /metrics.
+        self.refetches: Counter[str] = Counter()
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -294,12 +304,58 @@ class CpClient:
         if response.status_code != 200:
             raise CpUnavailable(f"GET /config answered {response.status_code}: {response.text[:300]}")
         self.last_document = response.text
-        return _received(response.text, 0, "config")
+        delivery = _received(response.text, 0, "config")
+        self._held = Elements.of(delivery) if isinstance(delivery, inventory_pb2.Inventory) else None
+        return delivery
+
+    async def _refetch(self, why: str, detail: str) -> Delivery:
+        """The complete inventory again, when a delta cannot be trusted to give it."""
+        self._held = None
+        self.refetches[why] += 1
+        log.warning("inventory_refetch", extra={"fields": {"why": why, "detail": detail[:300]}})
+        return await self.fetch_config()
+
+    async def _changed(self, text: str, hint: int) -> Delivery | None:
+        """The complete inventory a `delta` event gives applied to the held one (its hash checked), the
+        complete inventory fetched when it does not apply, or None for a delta already applied."""
+        started = time.perf_counter()
+        try:
+            delta = json_format.Parse(text, inventory_pb2.InventoryDelta())
+        except json_format.ParseError as exc:
+            # The complete inventory then says what is wrong (another schema, say) or is fine.
+            return await self._refetch("unreadable", str(exc))
+        if delta.schema_version != INVENTORY_SCHEMA_VERSION:
+            return schema_refusal(text, hint)
+        held = self._held
+        if held is not None and delta.generation <= held.generation:
+            return None
+        if held is None or delta.base_generation != held.generation:
+            return await self._refetch(
+                "gap", f"delta {delta.base_generation}→{delta.generation}, held {held and held.generation}"
+            )
+        try:
+            held.apply(delta)
+        except DeltaMismatch as exc:
+            return await self._refetch("mismatch", str(exc))
+        inventory = held.inventory()
+        log.info(
+            "inventory_received",
+            extra={
+                "fields": {
+                    "source": "delta",
+                    "generation": delta.generation,
+                    "base_generation": delta.base_generation,
+                    "bytes": len(text),
+                    "parse_ms": round((time.perf_counter() - started) * 1000, 2),
+                }
+            },
+        )
+        return inventory
 
     async def _follow(self) -> AsyncIterator[Delivery | ToolPermissions]:
         headers = {} if self.last_event_id is None else {"Last-Event-ID": str(self.last_event_id)}
         try:
-            async with aconnect_sse(self._client, "GET", "events", headers=headers) as source:
+            async with aconnect_sse(self._client, "GET", "events?deltas=true", headers=headers) as source:
                 if source.response.status_code != 200:
                     body = (await source.response.aread()).decode(errors="replace")[:300]
                     raise CpUnavailable(f"GET /events answered {source.response.status_code}: {body}")
@@ -312,11 +368,20 @@ class CpClient:
                         if permissions is not None:
                             yield permissions
                         continue
-                    if event.event != "inventory":
-                        continue
                     hint = int(event.id) if event.id.isdigit() else 0
-                    self.last_document = event.data
-                    delivery = _received(event.data, hint, "events")
+                    if event.event == "inventory":
+                        self.last_document = event.data
+                        delivery: Delivery | None = _received(event.data, hint, "events")
+                        self._held = (
+                            Elements.of(delivery) if isinstance(delivery, inventory_pb2.Inventory) else None
+                        )
+                    elif event.event == "delta":
+                        self.last_document = None
+                        delivery = await self._changed(event.data, hint)
+                        if delivery is None:
+                            continue
+                    else:
+                        continue
                     generation = delivery.generation or hint
                     if generation:
                         self.last_event_id = max(generation, self.last_event_id or 0)

@@ -6,7 +6,7 @@ stream); the agent's own counts are prometheus-client metrics it updates as it r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -58,10 +58,17 @@ def route_count(ads: AdsServer) -> int:
 
 
 class LinkCollector(Collector):
-    def __init__(self, stats: PublicationStats, ads: AdsServer, cp_connected: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        stats: PublicationStats,
+        ads: AdsServer,
+        cp_connected: Callable[[], bool],
+        refetches: Callable[[], Mapping[str, int]] = dict,
+    ) -> None:
         self._stats = stats
         self._ads = ads
         self._cp_connected = cp_connected
+        self._refetches = refetches
 
     def collect(self) -> Iterator[Metric]:
         ads, stats = self._ads, self._stats
@@ -98,12 +105,24 @@ class LinkCollector(Collector):
             "1 while the control plane's event stream is open",
             value=1 if self._cp_connected() else 0,
         )
+        refetches = CounterMetricFamily(
+            "stoa_link_inventory_refetches",
+            "Complete inventories fetched because a delta did not apply (gap, mismatch, unreadable)",
+            labels=["why"],
+        )
+        for why, n in sorted(self._refetches().items()):
+            refetches.add_metric([why], n)
+        yield refetches
 
 
 def link_registry(
-    stats: PublicationStats, ads: AdsServer, cp_connected: Callable[[], bool]
+    stats: PublicationStats,
+    ads: AdsServer,
+    cp_connected: Callable[[], bool],
+    refetches: Callable[[], Mapping[str, int]] = dict,
 ) -> CollectorRegistry:
-    """The registry `/metrics` exposes: every Link series, read at scrape time."""
+    """The registry `/metrics` exposes: every Link series, read at scrape time (`refetches`: the CP
+    client's complete fetches caused by deltas, by why)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(LinkCollector(stats, ads, cp_connected))
+    registry.register(LinkCollector(stats, ads, cp_connected, refetches))
     return registry

@@ -167,6 +167,40 @@ class Inventory(_message.Message):
     tools: _containers.RepeatedCompositeFieldContainer[_mcp_pb2.Tool]
     def __init__(self, schema_version: _Optional[int] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ..., tombstones: _Optional[_Iterable[_Union[Tombstone, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_mcp_pb2.Tool, _Mapping]]] = ...) -> None: ...
 
+class InventoryDelta(_message.Message):
+    __slots__ = ("schema_version", "gateway_id", "generation", "base_generation", "routes", "policies", "tombstones", "issuers", "removed_routes", "removed_policies", "removed_tombstones", "removed_issuers", "inventory_hash", "tools", "removed_tools")
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    BASE_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    POLICIES_FIELD_NUMBER: _ClassVar[int]
+    TOMBSTONES_FIELD_NUMBER: _ClassVar[int]
+    ISSUERS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_ROUTES_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_POLICIES_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_TOMBSTONES_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_ISSUERS_FIELD_NUMBER: _ClassVar[int]
+    INVENTORY_HASH_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    schema_version: int
+    gateway_id: str
+    generation: int
+    base_generation: int
+    routes: _containers.RepeatedCompositeFieldContainer[Route]
+    policies: _containers.RepeatedCompositeFieldContainer[Policy]
+    tombstones: _containers.RepeatedCompositeFieldContainer[Tombstone]
+    issuers: _containers.RepeatedCompositeFieldContainer[TrustedIssuer]
+    removed_routes: _containers.RepeatedScalarFieldContainer[str]
+    removed_policies: _containers.RepeatedScalarFieldContainer[str]
+    removed_tombstones: _containers.RepeatedScalarFieldContainer[str]
+    removed_issuers: _containers.RepeatedCompositeFieldContainer[TrustedIssuer]
+    inventory_hash: str
+    tools: _containers.RepeatedCompositeFieldContainer[_mcp_pb2.Tool]
+    removed_tools: _containers.RepeatedCompositeFieldContainer[_mcp_pb2.Tool]
+    def __init__(self, schema_version: _Optional[int] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., base_generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ..., tombstones: _Optional[_Iterable[_Union[Tombstone, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ..., removed_routes: _Optional[_Iterable[str]] = ..., removed_policies: _Optional[_Iterable[str]] = ..., removed_tombstones: _Optional[_Iterable[str]] = ..., removed_issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ..., inventory_hash: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_mcp_pb2.Tool, _Mapping]]] = ..., removed_tools: _Optional[_Iterable[_Union[_mcp_pb2.Tool, _Mapping]]] = ...) -> None: ...
+
 class SyncReport(_message.Message):
     __slots__ = ("gateway_id", "generation", "status", "snapshot_version", "reason", "detail", "settings")
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]

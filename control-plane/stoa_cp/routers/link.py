@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Request, Response
+from fastapi import APIRouter, Body, Header, Query, Request, Response
 from google.protobuf import json_format
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from stoa_proto import inventory_pb2
@@ -19,6 +19,7 @@ from stoa_cp.dependencies import Db
 from stoa_cp.problems import PROBLEM_RESPONSES, invalid, not_found
 from stoa_cp.schemas import GatewayStatus, unstorable
 from stoa_cp.store import gateways, sync_reports, tool_permissions
+from stoa_cp.store.changes import DeltaTracker
 from stoa_cp.store.inventory import InventoryCache
 
 log = logging.getLogger("stoa_cp.link")
@@ -49,7 +50,9 @@ async def get_config(gateway_id: GatewayCredential, request: Request, db: Db) ->
     response_class=EventSourceResponse,
     responses={
         200: {
-            "description": "SSE: event `inventory`, id = generation, data = Inventory JSON",
+            "description": "SSE, id = generation. Event `inventory`: data = the complete Inventory (JSON). "
+            "With ?deltas=true, event `delta`: data = an InventoryDelta from the previous event's generation "
+            "(the complete inventory only when the CP does not hold the deltas from Last-Event-ID).",
             "content": {"text/event-stream": {}},
         }
     },
@@ -59,10 +62,14 @@ async def stream_events(
     request: Request,
     db: Db,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    deltas: Annotated[
+        bool, Query(description="send what changed (InventoryDelta) instead of everything")
+    ] = False,
 ) -> EventSourceResponse:
-    """The current inventory whenever its generation is above the last one sent (or Last-Event-ID);
-    and the gateway's signed tool permissions, at connection and whenever they are signed again, as
-    `tool-permissions` events without an id (they are not generations: Last-Event-ID stays one)."""
+    """Every generation above the last one sent (or Last-Event-ID): the complete inventory, or with
+    `deltas` what changed since the previous one; and the gateway's signed tool permissions, at
+    connection and whenever they are signed again, as `tool-permissions` events without an id (they
+    are not generations: Last-Event-ID stays one)."""
     try:
         last_sent = int(last_event_id) if last_event_id not in (None, "") else 0
     except ValueError:
@@ -70,7 +77,26 @@ async def stream_events(
     if last_sent > 0:
         await gateways.move_above(db, gateway_id, last_sent, "Last-Event-ID")
     cache = _cache(request)
+    tracker: DeltaTracker = request.app.state.delta_tracker
     events = request.app.state.events
+
+    async def complete() -> tuple[int, ServerSentEvent] | None:
+        current = await cache.current(db, gateway_id)
+        if current is None:
+            return None
+        return current[0], ServerSentEvent(data=current[1], event="inventory", id=str(current[0]))
+
+    async def changed() -> list[tuple[int, ServerSentEvent]] | None:
+        found = await tracker.since(db, gateway_id, last_sent)
+        if found is None:
+            return None
+        if found[1] is None:  # the deltas from last_sent are not held here
+            one = await complete()
+            return None if one is None else [one]
+        return [
+            (e.generation, ServerSentEvent(data=e.data, event="delta", id=str(e.generation)))
+            for e in found[1]
+        ]
 
     async def stream() -> AsyncIterator[ServerSentEvent]:
         nonlocal last_sent
@@ -80,19 +106,26 @@ async def stream_events(
             while True:
                 # Clear before reading: a change committed during the read wakes the next round.
                 wake.clear()
-                current = await cache.current(db, gateway_id)
-                if current is None:
+                if deltas:
+                    pending = await changed()
+                else:
+                    one = await complete()
+                    pending = None if one is None else [one]
+                if pending is None:
                     return
-                generation, body = current
-                if generation > last_sent:
+                for generation, event in pending:
+                    if generation <= last_sent:
+                        continue
                     # Resumes once the event was handed to the response (after its socket write).
                     ready = time.perf_counter()
-                    yield ServerSentEvent(data=body, event="inventory", id=str(generation))
+                    yield event
                     log.info(
-                        "inventory_sent gateway=%s generation=%d bytes=%d read_ms=%.1f write_ms=%.1f",
+                        "inventory_sent gateway=%s generation=%d event=%s bytes=%d read_ms=%.1f"
+                        " write_ms=%.1f",
                         gateway_id,
                         generation,
-                        len(body),
+                        event.event,
+                        len(event.data),
                         (ready - woken) * 1000,
                         (time.perf_counter() - ready) * 1000,
                     )

@@ -12,7 +12,9 @@ import json
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 from google.protobuf import json_format
@@ -129,23 +131,12 @@ async def build(conn: asyncpg.Connection, gateway_id: str) -> Document | None:
     for route_id, tenant_id in zip(all_routes, routes["tenant_ids"], strict=True):
         by_tenant.setdefault(tenant_id, []).append(route_id)
     for row in policies:
-        policy = inv.policies.add(
-            policy_id=row["policy_id"],
-            type=row["type"],
-            scope=row["scope"],
-            targets=row["targets"],
-            tenant_id=row["tenant_id"] or "",
-            applicable=applicable(row["scope"], row["tenant_id"], row["targets"], all_routes, by_tenant),
+        inv.policies.append(
+            policy_message(
+                row, applicable(row["scope"], row["tenant_id"], row["targets"], all_routes, by_tenant)
+            )
         )
-        # Stored in normal form by the same rules: reading it into its typed member cannot fail.
-        getattr(policy, row["type"]).CopyFrom(read_config(KINDS[row["type"]], row["config"]))
-    for row in issuers:
-        inv.issuers.add(
-            tenant_id=row["tenant_id"],
-            issuer=row["issuer"],
-            jwks_json=json.dumps(row["jwks"], sort_keys=True, separators=(",", ":")),
-            jwks_uri=row["jwks_uri"] or "",
-        )
+    inv.issuers.extend(issuer_message(row) for row in issuers)
     for row in tools:
         inv.tools.append(tool_message(row))
     return Document(inv, routes["json"], tombstones, len(all_routes))
@@ -179,6 +170,31 @@ def tool_message(row: asyncpg.Record) -> mcp_pb2.Tool:
         timeout_ms=row["timeout_ms"] or 0,
         budget_calls=row["budget_calls"] or 0,
         budget_window_s=row["budget_window_s"] or 0,
+    )
+
+
+def policy_message(row: Mapping[str, Any], applies_to: list[str]) -> inventory_pb2.Policy:
+    """A policy row (policy_id, type, config, scope, targets, tenant_id) as the inventory holds it."""
+    policy = inventory_pb2.Policy(
+        policy_id=row["policy_id"],
+        type=row["type"],
+        scope=row["scope"],
+        targets=row["targets"],
+        tenant_id=row["tenant_id"] or "",
+        applicable=applies_to,
+    )
+    # Stored in normal form by the same rules: reading it into its typed member cannot fail.
+    getattr(policy, row["type"]).CopyFrom(read_config(KINDS[row["type"]], row["config"]))
+    return policy
+
+
+def issuer_message(row: Mapping[str, Any]) -> inventory_pb2.TrustedIssuer:
+    """An issuer row (tenant_id, issuer, jwks, jwks_uri) as the inventory holds it."""
+    return inventory_pb2.TrustedIssuer(
+        tenant_id=row["tenant_id"],
+        issuer=row["issuer"],
+        jwks_json=json.dumps(row["jwks"], sort_keys=True, separators=(",", ":")),
+        jwks_uri=row["jwks_uri"] or "",
     )
 
 

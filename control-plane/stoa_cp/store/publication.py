@@ -17,6 +17,7 @@ import asyncpg
 
 from stoa_cp import audit
 from stoa_cp.problems import not_found
+from stoa_cp.store import changes
 
 CHANNEL = "stoa_inventory"
 
@@ -70,6 +71,7 @@ async def bump(conn: asyncpg.Connection, gateway_ids: Iterable[str]) -> dict[str
         ids,
     )
     bumped = {row["gateway_id"]: int(row["generation"]) for row in rows}
+    await changes.prune(conn)
     await notify(conn, bumped)
     return bumped
 
