@@ -15,11 +15,10 @@ from typing import Any
 
 import httpx
 import pytest
-from google.protobuf import json_format
 from stoa_harness.estate import Estate
 from stoa_harness.site import Site
 from stoa_harness.wait import wait_until
-from stoa_link.agent import STATE_FILE
+from stoa_link.agent import InventoryStore
 from stoa_proto import inventory_pb2
 from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES
 
@@ -253,8 +252,9 @@ GW2 = "gw-2"
 
 def applied_inventory(site: Site) -> inventory_pb2.Inventory:
     """What the Link received, accepted and had Envoy acknowledge (its persisted last applied state)."""
-    path = Path(site.link_env["STOA_LINK_STATE_DIR"]) / STATE_FILE
-    return json_format.Parse(path.read_text(), inventory_pb2.Inventory())
+    applied = InventoryStore(Path(site.link_env["STOA_LINK_STATE_DIR"])).load()
+    assert applied is not None
+    return applied
 
 
 def applicable(inventory: inventory_pb2.Inventory) -> dict[str, list[str]]:

@@ -284,8 +284,6 @@ class CpClient:
         )
         self.backoff = backoff or Backoff()
         self.last_event_id: int | None = None
-        # The JSON document of the latest delivery yielded (the Link persists it as received).
-        self.last_document: str | None = None
         # True while the event stream is open (answered 200 and not yet lost), for /metrics.
         self.stream_open = False
         # The last complete inventory received (applied or refused), as the deltas apply to it.
@@ -303,7 +301,6 @@ class CpClient:
             raise CpUnavailable(f"GET /config: {exc!r}") from exc
         if response.status_code != 200:
             raise CpUnavailable(f"GET /config answered {response.status_code}: {response.text[:300]}")
-        self.last_document = response.text
         delivery = _received(response.text, 0, "config")
         self._held = Elements.of(delivery) if isinstance(delivery, inventory_pb2.Inventory) else None
         return delivery
@@ -370,13 +367,11 @@ class CpClient:
                         continue
                     hint = int(event.id) if event.id.isdigit() else 0
                     if event.event == "inventory":
-                        self.last_document = event.data
                         delivery: Delivery | None = _received(event.data, hint, "events")
                         self._held = (
                             Elements.of(delivery) if isinstance(delivery, inventory_pb2.Inventory) else None
                         )
                     elif event.event == "delta":
-                        self.last_document = None
                         delivery = await self._changed(event.data, hint)
                         if delivery is None:
                             continue

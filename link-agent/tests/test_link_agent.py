@@ -214,6 +214,7 @@ def test_state_file_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert store.load() == inventory(1, "a")
     store.save(inventory(2, "a", "b"))
     assert store.load() == inventory(2, "a", "b")
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["last-applied-inventory.pb"]
 
 
 def test_failure_detail_is_made_storable() -> None:
@@ -257,3 +258,17 @@ async def test_a_publication_a_missing_client_failed_is_made_again_once_every_cl
     assert received[-1]["generation"] == "1"
     assert [s.generation for s in ads.published] == [1, 1]
     assert agent.last_applied == inventory(1, "a")
+
+
+def test_a_stored_json_inventory_is_read_then_replaced_by_the_binary_one(tmp_path: Path) -> None:
+    # What a Link before binary state persisted.
+    (tmp_path / "last-applied-inventory.json").write_text(
+        '{"schema_version": 2, "gateway_id": "gw", "generation": "3", "routes": [{"route_id": "a"}]}'
+    )
+    store = InventoryStore(tmp_path)
+    loaded = store.load()
+    assert loaded is not None
+    assert (loaded.generation, [r.route_id for r in loaded.routes]) == (3, ["a"])
+    store.save(loaded)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last-applied-inventory.pb"]
+    assert store.load() == loaded

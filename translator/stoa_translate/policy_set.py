@@ -7,21 +7,26 @@ generation that changes nothing the service decides on keeps the same version, s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import TypeVar
 
 from stoa_proto import authz_pb2, inventory_pb2, mcp_pb2, proc_pb2
 
 from stoa_translate.decision import placement
-from stoa_translate.ir import MCP_KIND, SiteIR
+from stoa_translate.ir import MCP_KIND, RouteIR, SiteIR
 from stoa_translate.policies import PROCESSING_KINDS
 
 POLICY_SET_NAME = "default"
 PolicySetT = TypeVar("PolicySetT", authz_pb2.AuthzPolicySet, proc_pb2.ProcPolicySet)
 
 
-def render_policy_set(site: SiteIR) -> authz_pb2.AuthzPolicySet:
-    content = authz_pb2.AuthzPolicySet(
+@functools.lru_cache(maxsize=65_536)
+def _route_entry(r: RouteIR) -> bytes:
+    """One route of the set, serialised as a set holding only it: serialised messages concatenate
+    into their merge (repeated fields appended in order), so 10,000 entries are parsed once from
+    their joined bytes and only a changed route is built again (routes are value objects)."""
+    return authz_pb2.AuthzPolicySet(
         routes=[
             authz_pb2.AuthzRoute(
                 route_id=r.route_id,
@@ -32,14 +37,19 @@ def render_policy_set(site: SiteIR) -> authz_pb2.AuthzPolicySet:
                 verified_by_envoy=r.placement == placement.SERVICE_VERIFIED_TOKEN,
                 envelope=r.envelope,
             )
-            for r in site.routes
-        ],
-        issuers=[
+        ]
+    ).SerializeToString()
+
+
+def render_policy_set(site: SiteIR) -> authz_pb2.AuthzPolicySet:
+    content = authz_pb2.AuthzPolicySet.FromString(b"".join(_route_entry(r) for r in site.routes))
+    content.issuers.extend(
+        [
             inventory_pb2.TrustedIssuer(
                 tenant_id=i.tenant_id, issuer=i.issuer, jwks_json=i.jwks_json, jwks_uri=i.jwks_uri
             )
             for i in site.issuers
-        ],
+        ]
     )
     return _stamped(content, site)
 
@@ -49,6 +59,8 @@ def render_proc_policy_set(site: SiteIR) -> proc_pb2.ProcPolicySet:
     authorization set (content only), and carried to the service in each stream's metadata."""
     content = proc_pb2.ProcPolicySet()
     for route in site.routes:
+        if not route.policies:
+            continue
         rules = {name: route.policy(name) for name in PROCESSING_KINDS}
         if not any(rules.values()):
             continue

@@ -79,6 +79,36 @@ def test_a_translator_remembering_its_last_translation_gives_what_a_fresh_one_gi
         assert remembering.translate(step) == Translator(OPTIONS).translate(step)
 
 
+def test_a_one_route_change_resolves_and_renders_that_route_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14: what the Link translates again for a change is the changed route; the rest of the
+    rendered snapshot (entries, policy-set entries, clusters) is kept."""
+    from stoa_translate import ir, policy_set, routes
+
+    upstreams = [f"http://10.0.{i // 250}.{i % 250 + 1}:80" for i in range(300)]
+    remembering = Translator(OPTIONS)
+    before = remembering.translate(inventory(1, *upstreams))
+    calls = {"resolve": 0, "render": 0, "authz_entry": 0}
+
+    def counting(name: str, function):  # type: ignore[no-untyped-def]
+        def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(ir, "_route", counting("resolve", ir._route))
+    monkeypatch.setattr(routes, "_entries", counting("render", routes._entries))
+    entry = policy_set._route_entry
+    monkeypatch.setattr(policy_set, "_route_entry", counting("authz_entry", entry))
+    after = remembering.translate(inventory(2, *upstreams[:-1], "http://10.9.9.9:80"))
+    assert calls["resolve"] == calls["render"] == 1
+    # Every entry of the policy set is looked up; only the changed one is built (a cache miss).
+    assert entry.cache_info().currsize >= 300
+    kept = {c.name: c for c in before.of(CLUSTER)}
+    # Built again: the new backend's cluster and the authorization service's (one, whatever the routes).
+    assert sum(1 for c in after.of(CLUSTER) if kept.get(c.name) is c) == len(after.of(CLUSTER)) - 2
+
+
 def test_the_content_version_does_not_depend_on_the_process() -> None:
     # The CP's preview and the Link run in different processes (different string hash seeds): the
     # same inventory must give the same bytes, hence the same version, in both.
