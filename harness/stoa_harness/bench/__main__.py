@@ -73,13 +73,15 @@ def run(plan: Plan, run_dir: Path, only: tuple[str, ...] = ("data_path", "churn"
                 out["footprint"] = footprint.run(rig, window_s=plan.rest_window_s)
             ladder.grow_to(count)
             samples[count] = ladder.new_routes(plan.publications)
+            if count == LADDER[0]:
+                change_small = ladder.one_change(plan.changes, tag=str(count))
             print(
                 f"bench: {count:,} routes: new route p99 {report.percentile(samples[count], 99):.0f} ms",
                 file=sys.stderr,
             )
-        change = ladder.one_change(plan.changes)
+        change = ladder.one_change(plan.changes, tag=str(LADDER[-1]))
         full = ladder.full(plan.full)
-        out["publication"] = publication.summarise(samples, change, full)
+        out["publication"] = publication.summarise(samples, change, full, change_small)
         phases["publication_and_footprint"] = time.monotonic() - mark
     out["phase_seconds"] = phases
     out["total_seconds"] = time.monotonic() - started

@@ -3,8 +3,9 @@
 - New route: the API is created first (no publication), then the deployment call `PUT
   /v1/gateways/{g}/deployments/{api}` is timed from its return to the first 200 through Envoy (the
   listener polled every POLL_S on fresh connections). Each sample starts from a SYNCED gateway.
-- 1-route change at 10,000: an API edit (`PUT …/apis/{api}` moving its path prefix) timed from its
-  return to the CP status SYNCED at that generation, and to the new path answering 200.
+- 1-route change at 100 and at 10,000 (their ratio, issue 14): an API edit (`PUT …/apis/{api}`
+  moving its path prefix) timed from its return to the CP status SYNCED at that generation, and to
+  the new path answering 200; with the bytes of the event that carried it to the Link.
 - Full publication of 10,000 routes ("deploy-all"): the bench routes are undeployed in one
   generation, then all deployed again in one transaction (see `Rig.bulk_deploy`); timed from that
   commit to SYNCED, and to the last route answering 200. It runs the whole pipeline once for all
@@ -14,6 +15,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -56,13 +58,29 @@ class Ladder:
             estate.admin.wait_synced(timeout=60)
         return out
 
-    def one_change(self, samples: int) -> dict[str, Any]:
-        """Edit one API's path prefix; ms to SYNCED and ms to the new path serving."""
+    def _event_bytes(self, generation: int) -> int:
+        """Bytes of the event that brought `generation` to the Link (from its log; 0 when none did)."""
+        link = self.rig.estate.link
+        sizes = [
+            int(event.get("bytes", 0))
+            for event in map(
+                json.loads,
+                filter(
+                    lambda line: line.startswith("{"), link.log_path.read_text(errors="replace").splitlines()
+                ),
+            )
+            if event.get("event") == "inventory_received" and event.get("generation") == generation
+        ]
+        return sizes[-1] if sizes else 0
+
+    def one_change(self, samples: int, tag: str) -> dict[str, Any]:
+        """Edit one API's path prefix; ms to SYNCED and ms to the new path serving, and the bytes the
+        event stream carried to the Link for it. `tag` makes each run's prefixes new."""
         estate = self.rig.estate
-        synced_ms, serving_ms = [], []
+        synced_ms, serving_ms, event_bytes = [], [], []
         for n in range(samples):
             api_id = self.ids[n]
-            new_prefix = f"/apis/{api_id}-moved-{n}"
+            new_prefix = f"/apis/{api_id}-moved-{tag}-{n}"
             body = self.rig.api_body(api_id, path_prefix=new_prefix)
             estate.admin.update_api(api_id, body, tenant_id=TENANT)
             start = time.perf_counter()
@@ -92,9 +110,11 @@ class Ladder:
             wait_until(both, 60, "1-route change SYNCED and serving", interval=POLL_S)
             synced_ms.append(marks["synced"] * 1000)
             serving_ms.append(marks["serving"] * 1000)
+            event_bytes.append(self._event_bytes(target))
         return {
             "synced_ms": spread(synced_ms),
             "serving_ms": spread(serving_ms),
+            "event_bytes": spread(event_bytes),
             "samples_synced_ms": synced_ms,
             "samples_serving_ms": serving_ms,
         }
@@ -123,9 +143,21 @@ class Ladder:
 
 
 def summarise(
-    samples_ms: dict[int, list[float]], change: dict[str, Any], full: dict[str, Any]
+    samples_ms: dict[int, list[float]],
+    change: dict[str, Any],
+    full: dict[str, Any],
+    change_small: dict[str, Any],
 ) -> dict[str, Any]:
+    small, large = min(samples_ms), max(samples_ms)
     return {
+        # Issue 14: the cost of a change at 10,000 routes against the same at 100, in one run.
+        "one_change_ratio": change["serving_ms"]["median"] / change_small["serving_ms"]["median"],
+        "new_route_ratio": percentile(samples_ms[large], 99) / percentile(samples_ms[small], 99),
+        "sse_bytes_one_change_10000": change["event_bytes"]["median"],
+        "sse_bytes_one_change_100": change_small["event_bytes"]["median"],
+        "one_change_100_ms": change_small["synced_ms"]["median"],
+        "one_change_100_serving_ms": change_small["serving_ms"]["median"],
+        "one_change_100": change_small,
         "new_route_p50_ms": {str(c): percentile(s, 50) for c, s in samples_ms.items()},
         "new_route_p99_ms": {str(c): percentile(s, 99) for c, s in samples_ms.items()},
         "samples_ms": {str(c): s for c, s in samples_ms.items()},
@@ -140,6 +172,10 @@ def summarise(
             "full_10000": "all 10,000 bench routes deployed in one generation (after undeploying them)"
             " → CP status SYNCED at that generation",
             "one_change_10000": "PUT API (path prefix moved) returned → SYNCED / new path answering 200",
+            "one_change_ratio": "1-route change at 10,000 routes ÷ at 100 (PUT API returned → new path"
+            " answering 200), medians of one run",
+            "new_route_ratio": "new-route p99 at 10,000 routes ÷ at 100",
+            "sse_bytes": "bytes of the event that brought the change to the Link (its log)",
             "seeding": "bulk through SQL in one CP-style transaction per step (see rig.py);"
             " measured publications through the CP API",
         },
