@@ -18,7 +18,7 @@ import threading
 from collections.abc import Coroutine
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 from envoy.config.cluster.v3 import cluster_pb2
@@ -207,8 +207,10 @@ class ReportReceiver:
 class AdsSite:
     """ADS server + Agent + reporter (in-process) and a real Envoy connected over mTLS."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, xds: Literal["sotw", "delta"] = "sotw") -> None:
+        """`xds`: the variant Envoy's bootstrap asks for (state of the world or incremental)."""
         self.root = root
+        self.xds = xds
         self.tls_dir = root / "tls"
         certs.write_dev_certs(self.tls_dir, ENVOY_SAN, "")
         self.listener_port = free_port()
@@ -253,6 +255,7 @@ class AdsSite:
             tls_dir=tls_dir,
             envoy_admin_port=admin_port,
             gateway_id=GATEWAY,
+            xds=self.xds,
         )
 
     def start_envoy(self, name: str, tls_dir: Path) -> EnvoyProcess:

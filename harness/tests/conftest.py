@@ -64,11 +64,14 @@ def upstream() -> Iterator[EchoUpstream]:
         yield echo
 
 
-@pytest.fixture(scope="module")
-def ads_site(tmp_path_factory: pytest.TempPathFactory, upstream: EchoUpstream) -> Iterator[AdsSite]:
+@pytest.fixture(scope="module", params=["sotw", "delta"])
+def ads_site(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, upstream: EchoUpstream
+) -> Iterator[AdsSite]:
     """The Link's ADS server with a real Envoy (`AdsSite`), brought up on generation 1: one route `/a`
-    to the module's echo upstream, SYNCED and serving."""
-    site = AdsSite(tmp_path_factory.mktemp("ads-site"))
+    to the module's echo upstream, SYNCED and serving; once with Envoy on state-of-the-world xDS and
+    once on incremental (delta) xDS."""
+    site = AdsSite(tmp_path_factory.mktemp(f"ads-site-{request.param}"), xds=request.param)
     try:
         report = site.apply(
             1,

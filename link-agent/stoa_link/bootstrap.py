@@ -54,6 +54,7 @@ def render(settings: LinkSettings, node_id: str | None = None) -> str:
         "admin_port": settings.envoy_admin_port,
         "ads_host": host,
         "ads_port": port,
+        "ads_api_type": "DELTA_GRPC" if settings.xds == "delta" else "GRPC",
         **{key: str(path) for key, path in files.items()},
     }
     return Template(template_path().read_text()).substitute({k: json.dumps(v) for k, v in values.items()})

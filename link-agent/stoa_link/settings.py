@@ -53,6 +53,9 @@ class LinkSettings(DecisionSettings):
     # The site's MCP module (streamable HTTP), where the MCP routes go.
     mcp_address: str = "127.0.0.1:9391"
     ack_timeout_s: float = Field(default=10.0, gt=0)
+    # The xDS variant the bootstrap asks Envoy to use: "sotw" (state of the world) or "delta"
+    # (incremental: only changed resources travel). The ADS server speaks both whatever this says.
+    xds: Literal["sotw", "delta"] = "sotw"
     state_dir: Path = Path(".stoa/link-state")
     envoy_admin_port: int = Field(default=9901, ge=1, le=65535)
     env: Literal["development", "production"] = "development"

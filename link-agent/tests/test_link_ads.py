@@ -13,6 +13,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.rpc import status_pb2
 from stoa_harness.wait import wait_until_async
 from stoa_harness.xds_client import XdsClient as Client
 from stoa_link import certs
@@ -196,19 +197,109 @@ async def test_identity_may_read_only_its_own_types(tls_dir: Path, server: AdsSe
     await authz.close()
 
 
-async def test_delta_xds_is_unimplemented(tls_dir: Path, server: AdsServer) -> None:
-    ca = (tls_dir / certs.CA_FILE).read_bytes()
-    creds = grpc.ssl_channel_credentials(
-        ca, (tls_dir / "envoy-client-key.pem").read_bytes(), (tls_dir / "envoy-client.pem").read_bytes()
-    )
-    async with grpc.aio.secure_channel(f"localhost:{server.port}", creds) as channel:
-        call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).DeltaAggregatedResources(
-            iter([discovery_pb2.DeltaDiscoveryRequest(type_url=CLUSTER)])
+class DeltaClient:
+    """A minimal incremental-xDS client (as Envoy with DELTA_GRPC): CDS and LDS for every resource,
+    RDS by name; it ACKs what arrives (or NACKs a version of `nack`) and keeps what it holds."""
+
+    def __init__(self, tls_dir: Path, port: int, initial: dict[str, dict[str, str]] | None = None) -> None:
+        ca = (tls_dir / certs.CA_FILE).read_bytes()
+        creds = grpc.ssl_channel_credentials(
+            ca, (tls_dir / "envoy-client-key.pem").read_bytes(), (tls_dir / "envoy-client.pem").read_bytes()
         )
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            async for _ in call:
-                pass
-    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        self.channel = grpc.aio.secure_channel(f"localhost:{port}", creds)
+        self.requests: asyncio.Queue[discovery_pb2.DeltaDiscoveryRequest | None] = asyncio.Queue()
+        self.received: list[discovery_pb2.DeltaDiscoveryResponse] = []
+        self.held: dict[str, dict[str, str]] = {t: dict((initial or {}).get(t, {})) for t in ENVOY_TYPES}
+        self.nack: str = ""  # a system version to refuse
+        self.call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel).DeltaAggregatedResources(
+            self._requests()
+        )
+        for type_url in ENVOY_TYPES:
+            request = discovery_pb2.DeltaDiscoveryRequest(
+                type_url=type_url, initial_resource_versions=self.held[type_url]
+            )
+            if type_url == ROUTE:
+                request.resource_names_subscribe.append("stoa-routes")
+            self.requests.put_nowait(request)
+        self.task = asyncio.create_task(self._loop())
+
+    async def _requests(self) -> AsyncIterator[discovery_pb2.DeltaDiscoveryRequest]:
+        while (item := await self.requests.get()) is not None:
+            yield item
+
+    async def _loop(self) -> None:
+        async for response in self.call:
+            self.received.append(response)
+            request = discovery_pb2.DeltaDiscoveryRequest(
+                type_url=response.type_url, response_nonce=response.nonce
+            )
+            if response.system_version_info == self.nack:
+                request.error_detail.CopyFrom(status_pb2.Status(code=3, message="refused"))
+            else:
+                held = self.held[response.type_url]
+                for name in response.removed_resources:
+                    held.pop(name, None)
+                held.update((r.name, r.version) for r in response.resources)
+            self.requests.put_nowait(request)
+
+    def sent(self, type_url: str) -> list[tuple[list[str], list[str]]]:
+        """Per response of the type: (names sent, names removed)."""
+        return [
+            (sorted(r.name for r in x.resources), sorted(x.removed_resources))
+            for x in self.received
+            if x.type_url == type_url
+        ]
+
+    async def close(self) -> None:
+        self.requests.put_nowait(None)
+        self.call.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        await self.channel.close()
+
+
+@pytest.fixture
+async def envoy_only(tls_dir: Path) -> AsyncIterator[AdsServer]:
+    ads = AdsServer(
+        "127.0.0.1:0", TlsMaterial.server_from_dir(tls_dir), {ENVOY: ENVOY_TYPES}, ack_timeout_s=1.0
+    )
+    await ads.start()
+    yield ads
+    await ads.stop(0)
+
+
+async def test_delta_xds_sends_only_what_changed_removes_what_left_and_rolls_back(
+    tls_dir: Path, envoy_only: AdsServer
+) -> None:
+    client = DeltaClient(tls_dir, envoy_only.port)
+    await wait_until_async(lambda: envoy_only.connected(ENVOY) > 0, 5, "the delta client to connect")
+    first = await envoy_only.publish(snapshot(1, ["a", "b"], with_policy_set=False))
+    assert first.acked, first
+    assert client.sent(CLUSTER) == [(["a", "b"], [])]
+
+    # Make-before-break: the new cluster first (a and b are held already), b removed after the routes.
+    second = await envoy_only.publish(snapshot(2, ["a", "c"], with_policy_set=False))
+    assert second.acked, second
+    assert client.sent(CLUSTER)[1:] == [(["c"], []), ([], ["b"])]
+    assert client.sent(ROUTE)[-1] == (["stoa-routes"], [])
+    assert set(client.held[CLUSTER]) == {"a", "c"}
+
+    # A refused push fails the publication and what was acknowledged is put back.
+    bad = snapshot(3, ["a", "c"], with_policy_set=False)
+    client.nack = bad.version
+    refused = await envoy_only.publish(bad)
+    assert (refused.acked, refused.reason) == (False, "NACK")
+    assert envoy_only.acked_snapshot is not None
+    assert envoy_only.acked_snapshot.version == snapshot(2, ["a", "c"], with_policy_set=False).version
+    await client.close()
+
+    # A client reconnecting with what it holds gets only what differs (nothing for the clusters).
+    held = {t: dict(v) for t, v in client.held.items()}
+    again = DeltaClient(tls_dir, envoy_only.port, initial=held)
+    await wait_until_async(lambda: envoy_only.connected(ENVOY) > 0, 5, "the delta client to reconnect")
+    fourth = await envoy_only.publish(snapshot(4, ["a", "c", "d"], with_policy_set=False))
+    assert fourth.acked, fourth
+    assert again.sent(CLUSTER) == [(["d"], [])]
+    await again.close()
 
 
 async def test_cluster_removal_waits_for_route_ack_and_late_client_gets_current(

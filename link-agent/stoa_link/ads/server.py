@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
@@ -29,7 +30,8 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
 class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
-    """State-of-the-world ADS. `identities` maps a URI SAN to the type URLs that client may read."""
+    """ADS, state of the world and incremental (delta) alike. `identities` maps a URI SAN to the type
+    URLs that client may read."""
 
     def __init__(
         self,
@@ -149,6 +151,11 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest],
         context: grpc.aio.ServicerContext,
     ) -> None:
+        await self._serve(request_iterator, context, delta=False)
+
+    async def _serve(
+        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext, *, delta: bool
+    ) -> None:
         identity, why = peer_identity(context)
         if identity is None or identity not in self._allowed:
             # An unknown identity gets nothing at all, not even an empty configuration.
@@ -160,11 +167,11 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             )
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, reason)
             return
-        await self._streams.run(identity, request_iterator, context)
+        await self._streams.run(identity, request_iterator, context, delta=delta)
 
     async def DeltaAggregatedResources(
         self,
         request_iterator: AsyncIterator[discovery_pb2.DeltaDiscoveryRequest],
         context: grpc.aio.ServicerContext,
     ) -> None:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "only state-of-the-world ADS is served")
+        await self._serve(request_iterator, context, delta=True)

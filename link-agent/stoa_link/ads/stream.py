@@ -1,5 +1,5 @@
-"""The state-of-the-world xDS protocol, per client stream: subscriptions per type, what was pushed
-under which nonce, and which pushes each stream acknowledged or refused.
+"""The xDS protocols, state of the world and incremental (delta), per client stream: subscriptions
+per type, what was pushed under which nonce, and which pushes each stream acknowledged or refused.
 
 `Streams` holds every open stream and the content currently served per type. It pushes content to
 the streams that subscribed to its type, answers a (re)subscription with what is served, and turns
@@ -18,6 +18,7 @@ import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -67,6 +68,10 @@ class _TypeState:
     nack_detail: str | None = None  # set when the latest push was refused
     sent_at: float = 0.0  # monotonic time of the latest push, and of its ACK
     acked_at: float = 0.0
+    # Delta xDS: the client asked for every resource of the type (no names), and what it holds by
+    # name (its initial versions, then what was sent to it).
+    wildcard: bool = False
+    known: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -80,9 +85,12 @@ class _Stream:
     sid: int
     identity: str
     allowed: frozenset[str]
-    queue: asyncio.Queue[discovery_pb2.DiscoveryResponse | _Close] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[discovery_pb2.DiscoveryResponse | discovery_pb2.DeltaDiscoveryResponse | _Close] = (
+        field(default_factory=asyncio.Queue)
+    )
     types: dict[str, _TypeState] = field(default_factory=dict)
     node_id: str = ""
+    delta: bool = False  # incremental xDS (DeltaAggregatedResources) rather than state of the world
 
     def state(self, type_url: str) -> _TypeState:
         return self.types.setdefault(type_url, _TypeState())
@@ -96,6 +104,8 @@ class Served:
     resources: tuple[Message, ...]
     packed: tuple[any_pb2.Any, ...]
     digest: str
+    # Delta xDS: each resource's own version, by name (see `Streams.serve`).
+    versions: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,7 @@ class Progress:
     missing: list[str]  # the readers with no stream open
 
 
-def _pack(type_url: str, resources: Iterable[Message]) -> tuple[tuple[any_pb2.Any, ...], str]:
+def _pack(type_url: str, resources: Iterable[Message]) -> tuple[tuple[any_pb2.Any, ...], str, dict[str, str]]:
     """The resources packed for a response, and the digest of their content.
 
     One deterministic serialisation feeds both. A site service's policy set is identified by its
@@ -117,14 +127,16 @@ def _pack(type_url: str, resources: Iterable[Message]) -> tuple[tuple[any_pb2.An
     """
     digest = hashlib.sha256()
     packed = []
+    versions = {}
     for res in resources:
         body = res.SerializeToString(deterministic=True)
         packed.append(any_pb2.Any(type_url=f"type.googleapis.com/{res.DESCRIPTOR.full_name}", value=body))
         if type_url in SITE_SERVICE_TYPES and getattr(res, "version", ""):
             body = f"{resource_name(res)}\n{res.version}".encode()  # type: ignore[attr-defined]
+        versions[resource_name(res)] = hashlib.sha256(body).hexdigest()[:16]
         digest.update(len(body).to_bytes(8, "big"))
         digest.update(body)
-    return tuple(packed), digest.hexdigest()
+    return tuple(packed), digest.hexdigest(), versions
 
 
 class Streams:
@@ -134,6 +146,8 @@ class Streams:
         self._allowed = allowed
         self._streams: dict[int, _Stream] = {}
         self._served: dict[str, Served] = {}
+        # Per type, per resource name: (content hash, the version it has been served under since).
+        self._lineage: dict[str, dict[str, tuple[str, str]]] = {}
         self._changed = asyncio.Event()
         self._sids = itertools.count(1)
         self._nonces = itertools.count(1)
@@ -161,8 +175,18 @@ class Streams:
         alone, and a 10,000-route table or a large policy set costs its client a full reload. A
         client connecting later gets `version`.
         """
-        packed, digest = _pack(type_url, resources)
-        self._served[type_url] = Served(version, resources, packed, digest)
+        packed, digest, contents = _pack(type_url, resources)
+        # A resource's delta version is the version it was first served under with its content, so an
+        # unchanged resource keeps its version (Envoy reports what a state-of-the-world push would
+        # have set) and a client reconnecting with it gets nothing again.
+        lineage = self._lineage.setdefault(type_url, {})
+        for name in set(lineage) - contents.keys():
+            del lineage[name]
+        for name, content in contents.items():
+            if name not in lineage or lineage[name][0] != content:
+                lineage[name] = (content, version)
+        versions = {name: lineage[name][1] for name in contents}
+        self._served[type_url] = Served(version, resources, packed, digest, versions)
         for stream in list(self._streams.values()):
             state = stream.types.get(type_url)
             if type_url in stream.allowed and state is not None and state.subscribed:
@@ -172,6 +196,9 @@ class Streams:
         return digest
 
     def _send(self, stream: _Stream, type_url: str) -> None:
+        if stream.delta:
+            self._send_delta(stream, type_url)
+            return
         served = self._served[type_url]
         nonce = str(next(self._nonces))
         state = stream.state(type_url)
@@ -190,6 +217,45 @@ class Streams:
             served.version,
             nonce,
             tuple(resource_name(r) for r in served.resources),
+        )
+
+    def _send_delta(self, stream: _Stream, type_url: str) -> None:
+        """Push to a delta stream what differs from what it holds: the resources of its subscription
+        whose version it does not have, and the names it holds that are no longer served. Nothing
+        differs: nothing is pushed, and the content counts as delivered once the push in flight (if
+        any) is acknowledged."""
+        served = self._served[type_url]
+        state = stream.state(type_url)
+        wanted = served.versions.keys() if state.wildcard else served.versions.keys() & state.names
+        changed = [
+            (any_packed, name)
+            for any_packed, res in zip(served.packed, served.resources, strict=True)
+            if (name := resource_name(res)) in wanted and state.known.get(name) != served.versions[name]
+        ]
+        removed = sorted(n for n in state.known if n not in served.versions)
+        state.sent_digest, state.sent_version = served.digest, served.version
+        if not changed and not removed:
+            return
+        nonce = str(next(self._nonces))
+        state.sent_nonce, state.nack_detail = nonce, None
+        state.sent_at = time.monotonic()
+        for name in removed:
+            del state.known[name]
+        response = discovery_pb2.DeltaDiscoveryResponse(
+            system_version_info=served.version, type_url=type_url, nonce=nonce, removed_resources=removed
+        )
+        for any_packed, name in changed:
+            state.known[name] = served.versions[name]
+            response.resources.add(name=name, version=served.versions[name], resource=any_packed)
+        stream.queue.put_nowait(response)
+        self.record(
+            "send",
+            stream.identity,
+            type_url,
+            served.version,
+            nonce,
+            tuple(n for _, n in changed),
+            detail=f"removed {', '.join(removed)}" if removed else "",
         )
 
     # ---- progress of pushes ---------------------------------------------------------------------
@@ -270,16 +336,21 @@ class Streams:
     async def run(
         self,
         identity: str,
-        request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest],
+        request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest]
+        | AsyncIterator[discovery_pb2.DeltaDiscoveryRequest],
         context: grpc.aio.ServicerContext,
+        *,
+        delta: bool = False,
     ) -> None:
-        """Serve one verified client's stream until it ends."""
-        stream = _Stream(next(self._sids), identity, self._allowed[identity])
+        """Serve one verified client's stream until it ends (`delta`: incremental xDS)."""
+        stream = _Stream(next(self._sids), identity, self._allowed[identity], delta=delta)
         self._streams[stream.sid] = stream
         self.record("connect", identity)
         log.info(
             "ads_connected",
-            extra={"fields": {"identity": identity, "peer": context.peer(), "stream": stream.sid}},
+            extra={
+                "fields": {"identity": identity, "peer": context.peer(), "stream": stream.sid, "delta": delta}
+            },
         )
         self._notify()
         reader = asyncio.create_task(self._read(stream, request_iterator))
@@ -298,10 +369,13 @@ class Streams:
             log.info("ads_disconnected", extra={"fields": {"identity": identity, "stream": stream.sid}})
             self._notify()
 
-    async def _read(self, stream: _Stream, requests: AsyncIterator[discovery_pb2.DiscoveryRequest]) -> None:
+    async def _read(self, stream: _Stream, requests: AsyncIterator[Any]) -> None:
         try:
             async for request in requests:
-                refusal = self._on_request(stream, request)
+                if stream.delta:
+                    refusal = self._on_delta_request(stream, request)
+                else:
+                    refusal = self._on_request(stream, request)
                 if refusal:
                     stream.queue.put_nowait(_Close(grpc.StatusCode.PERMISSION_DENIED, refusal))
                     return
@@ -310,6 +384,69 @@ class Streams:
         except Exception:  # a broken client stream must end the stream, never the server
             log.exception("ads_stream_error", extra={"fields": {"identity": stream.identity}})
         stream.queue.put_nowait(_Close())
+
+    def _on_delta_request(self, stream: _Stream, request: discovery_pb2.DeltaDiscoveryRequest) -> str | None:
+        """One incremental-xDS request: an ACK or NACK of a push (response_nonce), and subscription
+        changes (the first request of a type subscribes, with no names meaning every resource)."""
+        type_url = request.type_url
+        self._note_node(stream, request.node.id)
+        if type_url not in stream.allowed:
+            self.record("refuse", stream.identity, type_url, detail="type not allowed for this identity")
+            return f"{stream.identity} may not read {type_url}"
+        state = stream.state(type_url)
+        if request.response_nonce and request.response_nonce == state.sent_nonce:
+            if request.HasField("error_detail"):
+                state.nack_detail = request.error_detail.message or f"NACK (code {request.error_detail.code})"
+                # What the client holds is unsure now: the next push sends every resource again
+                # (the names are kept, so a resource no longer served is still removed).
+                state.known = dict.fromkeys(state.known, "")
+                self.nacks[type_url] += 1
+                self.record(
+                    "nack",
+                    stream.identity,
+                    type_url,
+                    state.sent_version or "",
+                    request.response_nonce,
+                    detail=state.nack_detail,
+                )
+            else:
+                state.acked_nonce = request.response_nonce
+                state.acked_at = time.monotonic()
+                self.record(
+                    "ack", stream.identity, type_url, state.sent_version or "", request.response_nonce
+                )
+        subscribe = set(request.resource_names_subscribe)
+        unsubscribe = set(request.resource_names_unsubscribe)
+        first = not state.subscribed
+        if first:
+            state.subscribed = True
+            state.wildcard = not subscribe or "*" in subscribe
+            state.known = dict(request.initial_resource_versions)
+        elif "*" in subscribe:
+            state.wildcard = True
+        if "*" in unsubscribe:
+            state.wildcard = False
+        state.names = (state.names | subscribe) - unsubscribe - {"*"}
+        for name in unsubscribe:
+            state.known.pop(name, None)
+        if first or subscribe or unsubscribe:
+            self.record(
+                "subscribe",
+                stream.identity,
+                type_url,
+                names=tuple(sorted(subscribe)),
+                detail="wildcard" if state.wildcard else "",
+            )
+            if type_url in self._served:
+                self._send_delta(stream, type_url)
+        self._notify()
+        return None
+
+    def _note_node(self, stream: _Stream, node_id: str) -> None:
+        if node_id and not stream.node_id:
+            # Logged for operators; never an authentication input.
+            stream.node_id = node_id
+            log.info("ads_node", extra={"fields": {"identity": stream.identity, "node_id": node_id}})
 
     def _on_request(self, stream: _Stream, request: discovery_pb2.DiscoveryRequest) -> str | None:
         type_url = request.type_url
