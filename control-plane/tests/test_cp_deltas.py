@@ -220,3 +220,26 @@ async def test_resume_sends_the_held_deltas_or_the_complete_inventory(api, cp_fa
     other = await cp_factory(api.cp.dsn)
     async with delta_stream(other.url, gateway_id, credential, last_id="4") as sse:
         assert (await sse.follow())[:2] == ("inventory", 6)
+
+
+async def test_a_state_older_than_the_kept_removals_is_read_whole_and_still_gives_deltas(
+    api, monkeypatch
+) -> None:
+    """Past the retention of inventory_removals, the CP reads the gateway whole and compares: the
+    deltas it sends are the same as when it reads only what changed."""
+    from stoa_cp.store import changes
+
+    tenant_id = await api.tenant()
+    gateway_id, credential = await api.gateway()
+    kept, gone = await api.new_api(tenant_id), await api.new_api(tenant_id)
+    await api.deploy(gateway_id, kept)
+    await api.deploy(gateway_id, gone)
+    async with delta_stream(api.cp.url, gateway_id, credential) as sse:
+        assert (await sse.follow())[:2] == ("inventory", 3)
+        monkeypatch.setattr(changes, "RETENTION_S", -1.0)
+        await api.client.undeploy(gone, gateway_id)
+        assert (await sse.follow())[:2] == ("delta", 4)
+        await api.deploy(gateway_id, await api.new_api(tenant_id))
+        assert (await sse.follow())[:2] == ("delta", 5)
+        assert sse.held is not None
+        assert sse.held.inventory() == _sorted(await _config(api, gateway_id, credential))
