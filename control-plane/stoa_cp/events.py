@@ -15,8 +15,7 @@ from collections.abc import Iterator
 import asyncpg
 from stoa_ops.backoff import Backoff
 
-from stoa_cp.store import tool_permissions
-from stoa_cp.store.publication import CHANNEL, parse_payload
+from stoa_cp.store import publication, tool_permissions
 
 log = logging.getLogger("stoa_cp")
 LISTENER_NAME = "stoa-cp-listen"
@@ -65,9 +64,9 @@ class InventoryEvents:
         self._any_change.set()
         self._any_change = asyncio.Event()
 
-    def _on_permissions(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+    def _on_permissions(self, gateway_id: str) -> None:
         # A new signed artifact: the gateway's streams send it (no generation moved).
-        self._wake(str(payload))
+        self._wake(gateway_id)
 
     def _wake(self, gateway_id: str) -> None:
         for wake in self._subscribers.get(gateway_id, ()):
@@ -77,12 +76,10 @@ class InventoryEvents:
         for gateway_id in list(self._subscribers):
             self._wake(gateway_id)
 
-    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
-        parsed = parse_payload(str(payload))
-        if parsed is not None:
-            log.info("inventory_notified", extra={"fields": {"gateway": parsed[0], "generation": parsed[1]}})
-            self._wake(parsed[0])
-            self._changed()
+    def _on_notify(self, gateway_id: str, generation: int) -> None:
+        log.info("inventory_notified", extra={"fields": {"gateway": gateway_id, "generation": generation}})
+        self._wake(gateway_id)
+        self._changed()
 
     async def _listen_forever(self) -> None:
         backoff = Backoff(base_s=0.2, cap_s=5.0)
@@ -90,9 +87,12 @@ class InventoryEvents:
             conn: asyncpg.Connection | None = None
             try:
                 # Named, so an operator (or a test) can tell the listening connection in pg_stat_activity.
-                conn = await asyncpg.connect(self._dsn, server_settings={"application_name": LISTENER_NAME})
-                await conn.add_listener(CHANNEL, self._on_notify)
-                await conn.add_listener(tool_permissions.CHANNEL, self._on_permissions)
+                conn = await publication.listen(
+                    self._dsn,
+                    LISTENER_NAME,
+                    self._on_notify,
+                    {tool_permissions.CHANNEL: self._on_permissions},
+                )
                 backoff.reset()
                 self.listening.set()
                 # Changes committed while we were not listening: let every stream re-check.
@@ -100,7 +100,7 @@ class InventoryEvents:
                 self._changed()
                 while True:
                     await asyncio.sleep(self._health_interval_s)
-                    await asyncio.wait_for(conn.execute("SELECT 1"), timeout=self._health_interval_s)
+                    await publication.still_listening(conn, self._health_interval_s)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -10,7 +10,8 @@ too: the number of APIs of a tenant is bounded, and two creations must not both 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 import asyncpg
@@ -110,3 +111,37 @@ def parse_payload(payload: str) -> tuple[str, int] | None:
     if not gateway_id or not generation.isdigit():
         return None
     return gateway_id, int(generation)
+
+
+async def listen(
+    dsn: str,
+    name: str,
+    on_notify: Callable[[str, int], None],
+    also: Mapping[str, Callable[[str], None]] | None = None,
+) -> asyncpg.Connection:
+    """A connection of its own (named `name` in pg_stat_activity) listening for committed changes:
+    `on_notify(gateway_id, generation)` for each; `also`: other channels, each callback given the
+    payload. The caller closes it."""
+
+    def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+        parsed = parse_payload(str(payload))
+        if parsed is not None:
+            on_notify(*parsed)
+
+    def relay(callback: Callable[[str], None]) -> Callable[[object, int, str, object], None]:
+        return lambda _conn, _pid, _channel, payload: callback(str(payload))
+
+    conn = await asyncpg.connect(dsn, server_settings={"application_name": name})
+    try:
+        await conn.add_listener(CHANNEL, notified)
+        for channel, callback in (also or {}).items():
+            await conn.add_listener(channel, relay(callback))
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
+
+
+async def still_listening(conn: asyncpg.Connection, timeout_s: float) -> None:
+    """Raises when the listening connection no longer answers within `timeout_s` (it is then lost)."""
+    await asyncio.wait_for(conn.execute("SELECT 1"), timeout=timeout_s)
