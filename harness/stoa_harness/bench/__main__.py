@@ -9,6 +9,8 @@ Order: data path (one route) → churn (100 routes) → publication ladder 100 /
 `data_path.json` (the `data_path` section of the report) instead of the full report.
 `BENCH_ONLY=publication`: the publication ladder alone (with the footprint taken on the way); it writes
 `publication.json`. `BENCH_RUN_DIR=DIR` keeps the estate's logs (CP, Link, Envoy) in DIR.
+`BENCH_ONLY=mcp`: a `tools/call` through Envoy, stoa-authz and stoa-mcp against a direct call of its API
+(`stoa_harness.bench.mcp_call`); it writes `mcp.json`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stoa_harness.bench import churn, data_path, footprint, publication, report
+from stoa_harness.bench import churn, data_path, footprint, mcp_call, publication, report
 from stoa_harness.bench.rig import Rig
 
 REPO = Path(__file__).resolve().parents[3]
@@ -113,9 +115,11 @@ def main() -> int:
     date = datetime.date.today().isoformat()
     target = Path(os.environ.get("BENCH_RESULTS_DIR") or REPO / "bench" / "results" / date)
     only = os.environ.get("BENCH_ONLY", "")
-    if only not in ("", "data_path", "publication"):
-        print(f"BENCH_ONLY={only!r}: only 'data_path' or 'publication' can run alone", file=sys.stderr)
+    if only not in ("", "data_path", "publication", "mcp"):
+        print(f"BENCH_ONLY={only!r}: only 'data_path', 'publication' or 'mcp' can run alone", file=sys.stderr)
         return 2
+    if only == "mcp":
+        return mcp_call.main()
     if only == "data_path":
         with tempfile.TemporaryDirectory(prefix="stoa-bench-") as tmp:
             run_data_path(plan, Path(tmp), target)
