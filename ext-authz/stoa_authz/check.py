@@ -25,6 +25,7 @@ import grpc
 from envoy.config.core.v3.base_pb2 import Metadata
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 from envoy.service.auth.v3.attribute_context_pb2 import AttributeContext
+from stoa_ops.logs import DecisionPlace
 
 from stoa_authz import respond
 from stoa_authz.authorise import authorise
@@ -105,12 +106,14 @@ class Decider:
         self._decision_log.emit(
             "allow" if reason is Reason.ALLOWED else "deny",
             reason.value,
-            tenant=ext.get("tenant_id", ""),
-            api=ext.get("api_id", ""),
-            route=ext.get("route_id", ""),
-            request_id=rid,
-            latency_ms=(time.perf_counter() - started) * 1000,
-            policy_set_version=ext.get("policy_set_version", ""),
+            DecisionPlace(
+                tenant=ext.get("tenant_id", ""),
+                api=ext.get("api_id", ""),
+                route=ext.get("route_id", ""),
+                request_id=rid,
+                policy_set_version=ext.get("policy_set_version", ""),
+            ),
+            (time.perf_counter() - started) * 1000,
         )
         return response
 

@@ -42,25 +42,15 @@ class DecisionLog:
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
 
-    def emit(
-        self,
-        decision: str,
-        reason: str,
-        *,
-        tenant: str,
-        api: str,
-        route: str,
-        request_id: str,
-        latency_ms: float,
-        policy_set_version: str,
-    ) -> None:
+    def emit(self, decision: str, reason: str, place: logs.DecisionPlace, latency_ms: float) -> None:
         line = (
             f"{logs.head(time.time(), 'info', DECISION_LOGGER, 'ext_authz_decision')}"
             f'"decision":"{decision}","reason":"{reason}",'
-            f'"tenant":{encode_basestring_ascii(tenant)},"api":{encode_basestring_ascii(api)},'
-            f'"route":{encode_basestring_ascii(route)},"request_id":{encode_basestring_ascii(request_id)},'
+            f'"tenant":{encode_basestring_ascii(place.tenant)},"api":{encode_basestring_ascii(place.api)},'
+            f'"route":{encode_basestring_ascii(place.route)},'
+            f'"request_id":{encode_basestring_ascii(place.request_id)},'
             f'"latency_ms":{latency_ms:.3f},'
-            f'"policy_set_version":{encode_basestring_ascii(policy_set_version)}}}\n'
+            f'"policy_set_version":{encode_basestring_ascii(place.policy_set_version)}}}\n'
         )
         self._lines.append(line)
         if len(self._lines) >= self._max_lines:

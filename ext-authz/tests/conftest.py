@@ -34,6 +34,18 @@ def check_request(
     return request
 
 
+def orders_read_route(route_id: str, **options: bool) -> authz_pb2.AuthzRoute:
+    """A jwt route of tenant acme named `route_id` (its API too) that needs the scope orders:read."""
+    return authz_pb2.AuthzRoute(
+        route_id=route_id,
+        tenant_id="acme",
+        api_id=route_id,
+        auth_mode="jwt",
+        scopes=["orders:read"],
+        **options,
+    )
+
+
 def policy_message(idp: DevIdentityProvider, version: str = "v1") -> authz_pb2.AuthzPolicySet:
     """Tenant acme: a jwt route `orders` (scope orders:read, with the envelope) and an auth-none
     route `open`."""
@@ -43,20 +55,20 @@ def policy_message(idp: DevIdentityProvider, version: str = "v1") -> authz_pb2.A
         gateway_id="gw-1",
         generation=1,
         routes=[
-            authz_pb2.AuthzRoute(
-                route_id="orders",
-                tenant_id="acme",
-                api_id="orders",
-                auth_mode="jwt",
-                scopes=["orders:read"],
-                envelope=True,
-            ),
+            orders_read_route("orders", envelope=True),
             authz_pb2.AuthzRoute(route_id="open", tenant_id="acme", api_id="open", auth_mode="none"),
         ],
         issuers=[
             inventory_pb2.TrustedIssuer(tenant_id="acme", issuer=idp.issuer, jwks_json=json.dumps(idp.jwks()))
         ],
     )
+
+
+def verified_policy_message(idp: DevIdentityProvider, version: str = "v1") -> authz_pb2.AuthzPolicySet:
+    """`policy_message`'s set plus `verified`: orders' rules, the token verified by Envoy, no envelope."""
+    message = policy_message(idp, version)
+    message.routes.append(orders_read_route("verified", verified_by_envoy=True))
+    return message
 
 
 @pytest.fixture(scope="session")
@@ -78,3 +90,8 @@ def policy():
 @pytest.fixture(scope="session")
 def audience() -> str:
     return AUDIENCE
+
+
+@pytest.fixture(scope="session")
+def verified_policy():
+    return verified_policy_message

@@ -578,26 +578,6 @@ async def test_keys_of_another_tenant_and_cached_allows_stay_on_their_route(idp,
     assert outcomes[3].denied_response.status.code == 403
 
 
-def with_verified_route(policy):
-    """The conftest's set plus `verified`: orders' rules, the token verified by Envoy, no envelope."""
-
-    def build(i, version):
-        message = policy(i, version)
-        message.routes.append(
-            authz_pb2.AuthzRoute(
-                route_id="verified",
-                tenant_id="acme",
-                api_id="verified",
-                auth_mode="jwt",
-                scopes=["orders:read"],
-                verified_by_envoy=True,
-            )
-        )
-        return message
-
-    return build
-
-
 def with_verified_payload(request, claims: dict, namespace: str = "envoy.filters.http.jwt_authn"):
     """The request as Envoy sends it after jwt_authn verified a token: no authorization header
     (not forwarded), the payload in the Check's metadata_context under the filter's namespace."""
@@ -610,10 +590,8 @@ class NeverVerifies(Identifier):
         raise AssertionError("the service verified a token Envoy had verified")
 
 
-async def test_envoy_verified_route_reads_the_payload_and_never_verifies(idp, req, policy):
-    decider, _, log = make_decider(
-        idp, with_verified_route(policy), identifier=NeverVerifies(AUD, "tenant_id")
-    )
+async def test_envoy_verified_route_reads_the_payload_and_never_verifies(idp, req, verified_policy):
+    decider, _, log = make_decider(idp, verified_policy, identifier=NeverVerifies(AUD, "tenant_id"))
     claims = idp.claims(tenant="acme", scope="orders:read", sub="client-9")
     allowed = decider.decide(
         with_verified_payload(
@@ -634,10 +612,10 @@ async def test_envoy_verified_route_reads_the_payload_and_never_verifies(idp, re
     assert [e["reason"] for e in log.events()] == ["allowed", "tenant_mismatch", "insufficient_scope"]
 
 
-async def test_envoy_verified_route_trusts_only_jwt_authn_namespace(idp, req, policy):
+async def test_envoy_verified_route_trusts_only_jwt_authn_namespace(idp, req, verified_policy):
     """A payload anywhere else (another filter's namespace) is not a verified token, and a token in
     the headers is not looked at: without jwt_authn's payload the route fails closed."""
-    decider, _, log = make_decider(idp, with_verified_route(policy))
+    decider, _, log = make_decider(idp, verified_policy)
     claims = idp.claims(tenant="acme", scope="orders:read")
     for request in (
         with_verified_payload(req(route_id="verified", api_id="verified"), claims, namespace="some.filter"),

@@ -9,18 +9,17 @@ import threading
 
 from stoa_authz.log import DecisionLog
 from stoa_harness.wait import wait_until
+from stoa_ops.logs import DecisionPlace
 
 
 def emit(log: DecisionLog, request_id: str = "r-1") -> None:
     log.emit(
         "deny",
         "missing_token",
-        tenant="acme",
-        api="orders",
-        route="orders",
-        request_id=request_id,
-        latency_ms=0.1234,
-        policy_set_version="v1",
+        DecisionPlace(
+            tenant="acme", api="orders", route="orders", request_id=request_id, policy_set_version="v1"
+        ),
+        0.1234,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from prometheus_client import CollectorRegistry, Counter
+from stoa_ops.logs import DecisionPlace
 
 DECISION_LOGGER = "stoa_proc.decision"
 
@@ -28,18 +29,7 @@ class DecisionLog:
         """How many exchanges ended with `reason` so far."""
         return self.registry.get_sample_value("stoa_proc_exchanges_total", {"reason": reason}) or 0.0
 
-    def emit(
-        self,
-        reason: str,
-        *,
-        phase: str,
-        tenant: str,
-        api: str,
-        route: str,
-        request_id: str,
-        latency_ms: float,
-        policy_set_version: str,
-    ) -> None:
+    def emit(self, reason: str, place: DecisionPlace, latency_ms: float, *, phase: str) -> None:
         self._exchanges.labels(reason).inc()
         self._milliseconds.inc(latency_ms)
         self._log.info(
@@ -48,12 +38,12 @@ class DecisionLog:
                 "fields": {
                     "reason": reason,
                     "phase": phase,
-                    "tenant": tenant,
-                    "api": api,
-                    "route": route,
-                    "request_id": request_id,
+                    "tenant": place.tenant,
+                    "api": place.api,
+                    "route": place.route,
+                    "request_id": place.request_id,
                     "latency_ms": round(latency_ms, 3),
-                    "policy_set_version": policy_set_version,
+                    "policy_set_version": place.policy_set_version,
                 }
             },
         )

@@ -23,6 +23,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     ProcessingRequest,
     ProcessingResponse,
 )
+from stoa_ops.logs import DecisionPlace
 
 from stoa_proc import decode, respond
 from stoa_proc.decode import Limits
@@ -281,11 +282,13 @@ class ProcessingService(external_processor_pb2_grpc.ExternalProcessorServicer):
         route = exchange.route
         self._decisions.emit(
             exchange.outcome,
+            DecisionPlace(
+                tenant=route.tenant_id if route else "",
+                api=route.api_id if route else "",
+                route=route.route_id if route else "",
+                request_id=exchange.request_id,
+                policy_set_version=exchange.version,
+            ),
+            (time.perf_counter() - exchange.started) * 1000,
             phase=phase,
-            tenant=route.tenant_id if route else "",
-            api=route.api_id if route else "",
-            route=route.route_id if route else "",
-            request_id=exchange.request_id,
-            latency_ms=(time.perf_counter() - exchange.started) * 1000,
-            policy_set_version=exchange.version,
         )

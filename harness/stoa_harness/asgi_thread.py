@@ -86,3 +86,24 @@ class ThreadedASGIServer(Lifecycle):
         if self._sock is not None:
             self._sock.close()
         self._server = self._thread = self._sock = None
+
+
+class ServedByThread(Lifecycle):
+    """A fake service the harness runs on one `ThreadedASGIServer` (`self._http`): started and stopped
+    with it, reached at its port and URL."""
+
+    _http: ThreadedASGIServer
+
+    def _start(self) -> None:
+        self._http.start()
+
+    def stop(self) -> None:
+        self._http.stop()
+
+    @property
+    def port(self) -> int:
+        return self._http.port
+
+    @property
+    def url(self) -> str:
+        return self._http.url

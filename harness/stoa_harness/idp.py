@@ -24,8 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from stoa_harness.asgi_thread import ThreadedASGIServer
-from stoa_harness.lifecycle import Lifecycle
+from stoa_harness.asgi_thread import ServedByThread, ThreadedASGIServer
 
 Algorithm = Literal["RS256", "ES256"]
 DEFAULT_LIFETIME_S = 300
@@ -45,7 +44,7 @@ def _new_key(alg: Algorithm) -> RSAKey | ECKey:
     return key
 
 
-class DevIdentityProvider(Lifecycle):
+class DevIdentityProvider(ServedByThread):
     def __init__(self, alg: Algorithm = "RS256", audience: str = "stoa") -> None:
         self.alg: Algorithm = alg
         self.audience = audience
@@ -53,14 +52,10 @@ class DevIdentityProvider(Lifecycle):
         self._previous: RSAKey | ECKey | None = None
         self._http = ThreadedASGIServer(self._app(), "dev-idp")
 
-    # ---- lifecycle -------------------------------------------------------------------------------
-    @property
-    def port(self) -> int:
-        return self._http.port
-
+    # ---- addresses (start and stop: ServedByThread) ---------------------------------------------
     @property
     def base_url(self) -> str:
-        return self._http.url
+        return self.url
 
     issuer = base_url
 
@@ -80,12 +75,6 @@ class DevIdentityProvider(Lifecycle):
     def signing_key(self) -> RSAKey | ECKey:
         """The current private key, for tests that sign what no JOSE library would produce."""
         return self._key
-
-    def _start(self) -> None:
-        self._http.start()
-
-    def stop(self) -> None:
-        self._http.stop()
 
     # ---- keys ------------------------------------------------------------------------------------
     def rotate(self) -> str:

@@ -18,8 +18,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from stoa_harness.asgi_thread import Receive, Scope, Send, ThreadedASGIServer, read_body
-from stoa_harness.lifecycle import Lifecycle
+from stoa_harness.asgi_thread import Receive, Scope, Send, ServedByThread, ThreadedASGIServer, read_body
 
 MODEL = "stoa-fake-1"
 
@@ -36,23 +35,13 @@ def _tokens(text: str) -> int:
     return max(1, len(text.split()))
 
 
-class FakeLLM(Lifecycle):
+class FakeLLM(ServedByThread):
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._lock = threading.Lock()
         self._pieces: tuple[str, ...] = ("Hello", " from", " the", " model.")
         self._gzip = False
         self._received: list[Received] = []
         self._http = ThreadedASGIServer(self._app, "fake-llm", host, port)
-
-    def _start(self) -> None:
-        self._http.start()
-
-    def stop(self) -> None:
-        self._http.stop()
-
-    @property
-    def url(self) -> str:
-        return self._http.url
 
     def script(self, pieces: Sequence[str], *, gzip_body: bool = False) -> None:
         """The pieces of every following answer; `gzip_body`: a non-streamed answer is gzip-encoded."""

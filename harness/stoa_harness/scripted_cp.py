@@ -16,14 +16,15 @@ import asyncio
 import hmac
 import json
 import threading
+from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
 from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
 from stoa_proto.inventory_delta import diff
 
-from stoa_harness.asgi_thread import Receive, Scope, Send, ThreadedASGIServer, read_body
-from stoa_harness.lifecycle import Lifecycle
+from stoa_harness.asgi_thread import Receive, Scope, Send, ServedByThread, ThreadedASGIServer, read_body
+from stoa_harness.site import Site
 from stoa_harness.wait import wait_until
 
 KEEP_ALIVE_S = 5.0
@@ -45,7 +46,21 @@ def _with_schema(inventory: inventory_pb2.Inventory) -> inventory_pb2.Inventory:
     return copy
 
 
-class ScriptedCP(Lifecycle):
+def add_open_route(inventory: inventory_pb2.Inventory, route_id: str, upstream_url: str) -> None:
+    """A GET route `route_id` of tenant `t` (its API too), without auth: /apis/{route_id} to
+    {upstream_url}/{route_id}."""
+    inventory.routes.add(
+        route_id=route_id,
+        tenant_id="t",
+        api_id=route_id,
+        path_prefix=f"/apis/{route_id}",
+        methods=["GET"],
+        upstream_url=f"{upstream_url}/{route_id}",
+        auth_mode="none",
+    )
+
+
+class ScriptedCP(ServedByThread):
     def __init__(self, gateway_id: str, credential: str) -> None:
         self.gateway_id = gateway_id
         self.credential = credential
@@ -56,18 +71,15 @@ class ScriptedCP(Lifecycle):
         self._streams: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue[str | None]]] = []
         self._http = ThreadedASGIServer(self._app, "scripted-cp")
 
-    @property
-    def url(self) -> str:
-        return self._http.url
-
-    def _start(self) -> None:
-        self._http.start()
-
     def stop(self) -> None:
         self._broadcast(None)  # end every open event stream so the server can shut down
-        self._http.stop()
+        super().stop()
 
     # -- what tests script and read ---------------------------------------------------------------
+    def site(self, run_dir: Path) -> Site:
+        """A site (Link, Envoy, Check witness) following this CP as its gateway, not yet started."""
+        return Site(run_dir=run_dir, cp_url=self.url, gateway_id=self.gateway_id, credential=self.credential)
+
     def push(self, inventory: inventory_pb2.Inventory) -> None:
         """Serve `inventory` from /config and send it as an `inventory` event on every open stream."""
         with self._lock:

@@ -165,16 +165,23 @@ class Site(Lifecycle):
             if f"STOA_AUTHZ_{name}" in authz
         }
 
+    def _ads_client_env(self, prefix: str, certificate: str) -> dict[str, str]:
+        """What each of the Link's ADS clients (stoa-authz, stoa-proc, stoa-mcp) is given: the ADS
+        address, its client certificate `certificate` and the CA, the development environment."""
+        return {
+            f"{prefix}_ADS_ADDRESS": self.ads_address,
+            f"{prefix}_TLS_CA": str(self.tls_dir / "ca.pem"),
+            f"{prefix}_TLS_CERT": str(self.tls_dir / f"{certificate}.pem"),
+            f"{prefix}_TLS_KEY": str(self.tls_dir / f"{certificate}-key.pem"),
+            "STOA_ENV": "development",
+        }
+
     @property
     def authz_env(self) -> dict[str, str]:
         return {
             "STOA_AUTHZ_GRPC_ADDRESS": f"127.0.0.1:{self.authz_grpc_port}",
             "STOA_AUTHZ_HTTP_ADDRESS": f"127.0.0.1:{self.authz_http_port}",
-            "STOA_AUTHZ_ADS_ADDRESS": self.ads_address,
-            "STOA_AUTHZ_TLS_CA": str(self.tls_dir / "ca.pem"),
-            "STOA_AUTHZ_TLS_CERT": str(self.tls_dir / "authz-client.pem"),
-            "STOA_AUTHZ_TLS_KEY": str(self.tls_dir / "authz-client-key.pem"),
-            "STOA_ENV": "development",
+            **self._ads_client_env("STOA_AUTHZ", "authz-client"),
             **self.extra_authz_env,
         }
 
@@ -183,11 +190,7 @@ class Site(Lifecycle):
         return {
             "STOA_PROC_GRPC_ADDRESS": f"127.0.0.1:{self.proc_grpc_port}",
             "STOA_PROC_HTTP_ADDRESS": f"127.0.0.1:{self.proc_http_port}",
-            "STOA_PROC_ADS_ADDRESS": self.ads_address,
-            "STOA_PROC_TLS_CA": str(self.tls_dir / "ca.pem"),
-            "STOA_PROC_TLS_CERT": str(self.tls_dir / "proc-client.pem"),
-            "STOA_PROC_TLS_KEY": str(self.tls_dir / "proc-client-key.pem"),
-            "STOA_ENV": "development",
+            **self._ads_client_env("STOA_PROC", "proc-client"),
             **self.extra_proc_env,
         }
 
@@ -196,16 +199,12 @@ class Site(Lifecycle):
         return {
             "STOA_MCP_MCP_ADDRESS": f"127.0.0.1:{self.mcp_port}",
             "STOA_MCP_HTTP_ADDRESS": f"127.0.0.1:{self.mcp_http_port}",
-            "STOA_MCP_ADS_ADDRESS": self.ads_address,
-            "STOA_MCP_TLS_CA": str(self.tls_dir / "ca.pem"),
-            "STOA_MCP_TLS_CERT": str(self.tls_dir / "mcp-client.pem"),
-            "STOA_MCP_TLS_KEY": str(self.tls_dir / "mcp-client-key.pem"),
+            **self._ads_client_env("STOA_MCP", "mcp-client"),
             "STOA_MCP_GATEWAY_ID": self.gateway_id,
             "STOA_MCP_ENVELOPE_JWKS_URL": f"{self.authz_http_url}/.well-known/jwks.json",
             # The gateway is reached on loopback only.
             "STOA_MCP_ALLOWED_HOSTS": "127.0.0.1:*,localhost:*",
             "STOA_MCP_ALLOWED_ORIGINS": "http://127.0.0.1:*,http://localhost:*",
-            "STOA_ENV": "development",
             **self.extra_mcp_env,
         }
 

@@ -21,8 +21,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from stoa_harness.asgi_thread import Receive, Scope, Send, ThreadedASGIServer, read_body
-from stoa_harness.lifecycle import Lifecycle
+from stoa_harness.asgi_thread import Receive, Scope, Send, ServedByThread, ThreadedASGIServer, read_body
 from stoa_harness.wait import wait_until
 
 
@@ -60,7 +59,7 @@ def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
 DEFAULT_MAX_ARRIVALS = 10_000
 
 
-class EchoUpstream(Lifecycle):
+class EchoUpstream(ServedByThread):
     def __init__(
         self, host: str = "127.0.0.1", port: int = 0, max_arrivals: int = DEFAULT_MAX_ARRIVALS
     ) -> None:
@@ -70,22 +69,7 @@ class EchoUpstream(Lifecycle):
         self._reply = _Reply()
         self._http = ThreadedASGIServer(self._app, "echo-upstream", host, port)
 
-    # -- lifecycle --------------------------------------------------------------------------------
-    def _start(self) -> None:
-        self._http.start()
-
-    def stop(self) -> None:
-        self._http.stop()
-
     # -- what tests read and script ---------------------------------------------------------------
-    @property
-    def port(self) -> int:
-        return self._http.port
-
-    @property
-    def url(self) -> str:
-        return self._http.url
-
     def arrivals(self, path_prefix: str | None = None) -> list[Arrival]:
         """The recorded arrivals (the latest `max_arrivals`), oldest first (optionally only those whose
         path starts with `path_prefix`)."""

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from stoa_harness.ads_site import AdsSite, make_cluster, make_listener, make_routes, make_snapshot
 from stoa_harness.estate import Estate, EstateOptions
+from stoa_harness.idp import DevIdentityProvider
 from stoa_harness.postgres import EmbeddedPostgres
 from stoa_harness.upstream import EchoUpstream
 from stoa_harness.wait import wait_until
@@ -22,6 +23,15 @@ StartEstate = Callable[..., Estate]
 def postgres() -> Iterator[EmbeddedPostgres]:
     with EmbeddedPostgres() as pg:
         yield pg
+
+
+@pytest.fixture(scope="module")
+def idp(request: pytest.FixtureRequest) -> Iterator[DevIdentityProvider]:
+    """The module's identity provider, started: tokens for the module's `AUDIENCE`, signed with its
+    `IDP_ALG` (RS256 when it names none)."""
+    alg = getattr(request.module, "IDP_ALG", "RS256")
+    with DevIdentityProvider(alg=alg, audience=request.module.AUDIENCE) as provider:
+        yield provider
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -25,12 +25,6 @@ PATH = "/apis/orders/items"
 OPEN = {"mode": "none", "scopes": []}
 # This site's upstreams also trust these (a Link setting): stripped like the defaults.
 SITE_IDENTITY_HEADERS = "x-legacy-user,x-corp-*"
-
-
-@pytest.fixture(scope="module")
-def idp() -> Iterator[DevIdentityProvider]:
-    with DevIdentityProvider(alg="RS256", audience=AUDIENCE) as provider:
-        yield provider
 
 
 @pytest.fixture(scope="module")

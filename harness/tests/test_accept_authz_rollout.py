@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +30,9 @@ from stoa_harness.site import console_script
 from stoa_harness.wait import wait_until
 
 AUDIENCE = "stoa-rollout"
+IDP_ALG = "ES256"
 PATH = "/apis/orders/items"
 DIRECT_REQUEST_ID = "rollout-1"
-
-
-@pytest.fixture(scope="module")
-def idp() -> Iterator[DevIdentityProvider]:
-    with DevIdentityProvider(alg="ES256", audience=AUDIENCE) as provider:
-        yield provider
 
 
 @pytest.fixture(scope="module")

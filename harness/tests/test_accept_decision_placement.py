@@ -149,12 +149,6 @@ def cases(idp: DevIdentityProvider) -> dict[str, tuple[str, Headers]]:
 
 
 @pytest.fixture(scope="module")
-def idp() -> Iterator[DevIdentityProvider]:
-    with DevIdentityProvider(alg="RS256", audience=AUDIENCE) as provider:
-        yield provider
-
-
-@pytest.fixture(scope="module")
 def sites(
     idp: DevIdentityProvider, estates: Callable[..., Estate], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Estate, Site]]:

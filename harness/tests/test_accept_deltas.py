@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from stoa_harness.scripted_cp import ScriptedCP
+from stoa_harness.scripted_cp import ScriptedCP, add_open_route
 from stoa_harness.site import Site
 from stoa_harness.upstream import EchoUpstream
 from stoa_harness.wait import wait_until
@@ -32,15 +32,7 @@ class DeltaSite:
         new.CopyFrom(self.current)
         new.generation += 1
         if add:
-            new.routes.add(
-                route_id=add,
-                tenant_id="t",
-                api_id=add,
-                path_prefix=f"/apis/{add}",
-                methods=["GET"],
-                upstream_url=f"{self.upstream.url}/{add}",
-                auth_mode="none",
-            )
+            add_open_route(new, add, self.upstream.url)
         if remove:
             kept = [r for r in new.routes if r.route_id != remove]
             del new.routes[:]
@@ -73,12 +65,7 @@ class DeltaSite:
 def delta_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeltaSite]:
     credential = "delta-credential-0123456789"
     with EchoUpstream() as upstream, ScriptedCP(GATEWAY, credential) as cp:
-        site = Site(
-            run_dir=tmp_path_factory.mktemp("delta-site"),
-            cp_url=cp.url,
-            gateway_id=GATEWAY,
-            credential=credential,
-        )
+        site = cp.site(tmp_path_factory.mktemp("delta-site"))
         with site:
             ds = DeltaSite(cp, site, upstream)
             first = ds.next(add="d1")

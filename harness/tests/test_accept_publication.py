@@ -17,7 +17,7 @@ import pytest
 from stoa_harness.cp_client import Call, CPClient, CPError
 from stoa_harness.envoy import EnvoyProcess
 from stoa_harness.estate import Estate
-from stoa_harness.scripted_cp import ScriptedCP
+from stoa_harness.scripted_cp import ScriptedCP, add_open_route
 from stoa_harness.site import Site
 from stoa_harness.upstream import EchoUpstream
 from stoa_harness.wait import wait_until
@@ -358,15 +358,7 @@ def guard_inventory(
 ) -> inventory_pb2.Inventory:
     inv = inventory_pb2.Inventory(gateway_id=gateway_id, generation=generation)
     for route_id in routes:
-        inv.routes.add(
-            route_id=route_id,
-            tenant_id="t",
-            api_id=route_id,
-            path_prefix=f"/apis/{route_id}",
-            methods=["GET"],
-            upstream_url=f"{upstream.url}/{route_id}",
-            auth_mode="none",
-        )
+        add_open_route(inv, route_id, upstream.url)
     for route_id in tombstones:
         inv.tombstones.add(route_id=route_id, generation=generation)
     return inv
@@ -415,12 +407,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GuardedSite]:
     credential = "guard-credential-0123456789"
     with EchoUpstream() as upstream, ScriptedCP(GUARD_GATEWAY, credential) as cp:
         cp.push(guard_inventory(upstream, FIRST_GENERATION, ["ga", "gb"]))
-        site = Site(
-            run_dir=tmp_path_factory.mktemp("guard-site"),
-            cp_url=cp.url,
-            gateway_id=GUARD_GATEWAY,
-            credential=credential,
-        )
+        site = cp.site(tmp_path_factory.mktemp("guard-site"))
         with site:
             guarded = GuardedSite(cp, site, upstream)
             cp.wait_report(FIRST_GENERATION, "SYNCED")

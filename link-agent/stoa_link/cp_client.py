@@ -267,7 +267,12 @@ class CpUnavailable(Exception):
     """The CP could not be reached or answered with an error."""
 
 
-class CpClient:
+class GatewayCaller:
+    """What calls one gateway's CP endpoints (the CP client, the reporter): the HTTP client with its
+    credential, and the backoff between attempts."""
+
+    timeout: httpx.Timeout | float = 10.0
+
     def __init__(
         self,
         cp_url: str,
@@ -276,13 +281,19 @@ class CpClient:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         backoff: Backoff | None = None,
-        read_timeout_s: float = 60.0,
     ) -> None:
-        # The read timeout outlasts the CP's keep-alive comments, so a silently dead stream is noticed.
-        self._client = gateway_client(
-            cp_url, gateway_id, credential, transport, httpx.Timeout(10.0, read=read_timeout_s)
-        )
+        self.gateway_id = gateway_id
+        self._client = gateway_client(cp_url, gateway_id, credential, transport, self.timeout)
         self.backoff = backoff or Backoff()
+
+
+class CpClient(GatewayCaller):
+    # The read timeout outlasts the CP's keep-alive comments, so a silently dead stream is noticed.
+    timeout = httpx.Timeout(10.0, read=60.0)
+
+    def __init__(self, *access: str, **options: Any) -> None:
+        """`access` and `options` as `GatewayCaller` takes them."""
+        super().__init__(*access, **options)
         self.last_event_id: int | None = None
         # True while the event stream is open (answered 200 and not yet lost), for /metrics.
         self.stream_open = False

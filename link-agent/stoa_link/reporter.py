@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from typing import Any
 
 import httpx
 from google.protobuf import json_format
-from stoa_ops.backoff import Backoff
 from stoa_proto import inventory_pb2
 
-from stoa_link.cp_client import gateway_client
+from stoa_link.cp_client import GatewayCaller
 
 log = logging.getLogger("stoa_link.reporter")
 
@@ -28,22 +28,14 @@ def report_json(report: inventory_pb2.SyncReport) -> str:
     return json_format.MessageToJson(report, preserving_proto_field_name=True, indent=None)
 
 
-class Reporter:
+class Reporter(GatewayCaller):
     def __init__(
-        self,
-        cp_url: str,
-        gateway_id: str,
-        credential: str,
-        *,
-        transport: httpx.AsyncBaseTransport | None = None,
-        backoff: Backoff | None = None,
-        settings: inventory_pb2.TranslateSettings | None = None,
+        self, *access: str, settings: inventory_pb2.TranslateSettings | None = None, **options: Any
     ) -> None:
-        self.gateway_id = gateway_id
+        """`access` and `options` as `GatewayCaller` takes them."""
+        super().__init__(*access, **options)
         # Sent with every report: the CP previews this gateway's translation with them.
         self.settings = settings
-        self._client = gateway_client(cp_url, gateway_id, credential, transport, 10.0)
-        self.backoff = backoff or Backoff()
         self._pending: inventory_pb2.SyncReport | None = None
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()

@@ -76,6 +76,14 @@ async def connected(tls_dir: Path, ads: AdsServer, cert: str, *types: str) -> Cl
     return client
 
 
+async def settled_back_on(server: AdsServer, first: Snapshot, *types: str) -> None:
+    """Once the server has settled, `first` is served on every one of `types` and is the acked snapshot."""
+    await asyncio.wait_for(server.settled(), 5)
+    for type_url in types:
+        assert server.served_version(type_url) == first.version
+    assert server.acked_snapshot is first
+
+
 async def test_publish_waits_for_both_clients_then_serves_policy_set_before_envoy_types(
     tls_dir: Path, server: AdsServer
 ) -> None:
@@ -112,14 +120,11 @@ async def test_nack_restores_previous_snapshot_on_every_type(tls_dir: Path, serv
     assert result.failed_type == ROUTE
     assert result.detail == f"bad {second.version}"
     # The last acknowledged snapshot was put back on every type, on every stream.
-    await asyncio.wait_for(server.settled(), 5)
+    await settled_back_on(server, first, CLUSTER, LISTENER, ROUTE)
     await wait_until_async(
         lambda: envoy.versions(ROUTE)[-1] == first.version, 5, "the first version back on RDS"
     )
-    for type_url in (CLUSTER, LISTENER, ROUTE):
-        assert server.served_version(type_url) == first.version
     assert authz.versions(AUTHZ_POLICY_SET)[-1] == first.version
-    assert server.acked_snapshot is first
     await envoy.close()
     await authz.close()
 
@@ -404,10 +409,7 @@ async def test_a_missed_ack_fails_at_the_deadline_then_the_acked_snapshot_is_put
     # would not acknowledge either) does not delay it by a second deadline.
     assert server.ack_timeout_s <= took < 1.5 * server.ack_timeout_s
     envoy.silent.clear()
-    await asyncio.wait_for(server.settled(), 5)
-    for type_url in (CLUSTER, LISTENER, ROUTE, AUTHZ_POLICY_SET):
-        assert server.served_version(type_url) == first.version
-    assert server.acked_snapshot is first
+    await settled_back_on(server, first, CLUSTER, LISTENER, ROUTE, AUTHZ_POLICY_SET)
     await envoy.close()
     await authz.close()
 

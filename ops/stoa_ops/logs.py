@@ -19,6 +19,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterable
+from typing import NamedTuple
 
 # Attributes every LogRecord has; anything else on a record came from `extra` and is a field.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "fields", "asctime"}
@@ -42,6 +43,17 @@ def head(created: float, level: str, logger: str, event: str) -> str:
     """The start of a line, up to and including the comma after `event`, for writers that append
     their fields themselves; `logger` and `event` must need no JSON escaping."""
     return f'{{"ts":"{timestamp(created)}","level":"{level}","logger":"{logger}","event":"{event}",'
+
+
+class DecisionPlace(NamedTuple):
+    """Where a decision log's decision was taken (route data only, never a token or a claim): the
+    fields every decision event carries, in ext-authz's and ext-proc's logs alike."""
+
+    tenant: str
+    api: str
+    route: str
+    request_id: str
+    policy_set_version: str
 
 
 class JsonLines(logging.Formatter):

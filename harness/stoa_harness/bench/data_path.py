@@ -133,6 +133,23 @@ def _native_phase(rig: Rig, tokens: list[str], connections: int, duration_s: flo
     return {**result.as_dict(), "cpu_split": split}
 
 
+def _one_conn_added(
+    rig: Rig,
+    tokens: list[str],
+    duration_s: float,
+    name: str,
+    phase: Callable[[Rig, list[str], int, float], dict[str, Any]],
+) -> dict[str, float]:
+    """p50 at one connection, proxy-only and through `phase`, and what `phase` adds to it."""
+    base = _proxy_phase(rig, tokens, 1, duration_s)
+    hop = phase(rig, tokens, 1, duration_s)
+    return {
+        "proxy_p50_ms": base["p50_ms"],
+        f"{name}_p50_ms": hop["p50_ms"],
+        "added_p50_ms": hop["p50_ms"] - base["p50_ms"],
+    }
+
+
 def _beside_the_service(
     rig: Rig, cached: list[str], uncached: list[str], *, reps: int, duration_s: float, one_conn_s: float
 ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
@@ -165,15 +182,7 @@ def _beside_the_service(
             _check_clean(name, phase)
             phase["ratio"] = phase["rps"] / proxy["rps"]
             variants.setdefault(name, []).append(phase)
-        base = _proxy_phase(rig, cached, 1, one_conn_s)
-        native = _native_phase(rig, cached, 1, one_conn_s)
-        one_conn.append(
-            {
-                "proxy_p50_ms": base["p50_ms"],
-                "native_p50_ms": native["p50_ms"],
-                "added_p50_ms": native["p50_ms"] - base["p50_ms"],
-            }
-        )
+        one_conn.append(_one_conn_added(rig, cached, one_conn_s, "native", _native_phase))
     return variants, one_conn
 
 
@@ -208,15 +217,7 @@ def run(rig: Rig, *, reps: int, duration_s: float, one_conn_duration_s: float) -
                 variants.setdefault(f"{name}_w{workers}", []).append(phase)
         if workers == 1:
             for _ in range(reps):
-                base = _proxy_phase(rig, cached, 1, one_conn_duration_s)
-                hop = _authz_phase(rig, cached, 1, one_conn_duration_s)
-                one_conn.append(
-                    {
-                        "proxy_p50_ms": base["p50_ms"],
-                        "authz_p50_ms": hop["p50_ms"],
-                        "added_p50_ms": hop["p50_ms"] - base["p50_ms"],
-                    }
-                )
+                one_conn.append(_one_conn_added(rig, cached, one_conn_duration_s, "authz", _authz_phase))
     rig.restart_authz(1)
     wait_until(serving, 30, "JWT route served with 1 authz worker")
     beside, native_one_conn = _beside_the_service(

@@ -394,27 +394,14 @@ class Streams:
             self.record("refuse", stream.identity, type_url, detail="type not allowed for this identity")
             return f"{stream.identity} may not read {type_url}"
         state = stream.state(type_url)
-        if request.response_nonce and request.response_nonce == state.sent_nonce:
-            if request.HasField("error_detail"):
-                state.nack_detail = request.error_detail.message or f"NACK (code {request.error_detail.code})"
-                # What the client holds is unsure now: the next push sends every resource again
-                # (the names are kept, so a resource no longer served is still removed).
-                state.known = dict.fromkeys(state.known, "")
-                self.nacks[type_url] += 1
-                self.record(
-                    "nack",
-                    stream.identity,
-                    type_url,
-                    state.sent_version or "",
-                    request.response_nonce,
-                    detail=state.nack_detail,
-                )
-            else:
-                state.acked_nonce = request.response_nonce
-                state.acked_at = time.monotonic()
-                self.record(
-                    "ack", stream.identity, type_url, state.sent_version or "", request.response_nonce
-                )
+        if (
+            request.response_nonce
+            and request.response_nonce == state.sent_nonce
+            and not self._take_answer(stream, state, request)
+        ):
+            # What the client holds is unsure now: the next push sends every resource again
+            # (the names are kept, so a resource no longer served is still removed).
+            state.known = dict.fromkeys(state.known, "")
         subscribe = set(request.resource_names_subscribe)
         unsubscribe = set(request.resource_names_unsubscribe)
         first = not state.subscribed
@@ -450,10 +437,7 @@ class Streams:
 
     def _on_request(self, stream: _Stream, request: discovery_pb2.DiscoveryRequest) -> str | None:
         type_url = request.type_url
-        if request.node.id and not stream.node_id:
-            # Logged for operators; never an authentication input.
-            stream.node_id = request.node.id
-            log.info("ads_node", extra={"fields": {"identity": stream.identity, "node_id": request.node.id}})
+        self._note_node(stream, request.node.id)
         if type_url not in stream.allowed:
             self.record("refuse", stream.identity, type_url, detail="type not allowed for this identity")
             return f"{stream.identity} may not read {type_url}"
@@ -472,6 +456,21 @@ class Streams:
             return None
         if request.response_nonce != state.sent_nonce:
             return None  # about an older push; the answer to the latest one is still to come
+        if self._take_answer(stream, state, request) and new_names and type_url in self._served:
+            # The client asks for names it did not hold when the last push arrived: resend.
+            self._send(stream, type_url)
+        self._notify()
+        return None
+
+    def _take_answer(
+        self,
+        stream: _Stream,
+        state: _TypeState,
+        request: discovery_pb2.DiscoveryRequest | discovery_pb2.DeltaDiscoveryRequest,
+    ) -> bool:
+        """Records the client's answer to the latest push (its nonce is the one sent): a NACK, with
+        its detail, or an ACK; True for an ACK."""
+        type_url = request.type_url
         if request.HasField("error_detail"):
             state.nack_detail = request.error_detail.message or f"NACK (code {request.error_detail.code})"
             self.nacks[type_url] += 1
@@ -483,12 +482,8 @@ class Streams:
                 request.response_nonce,
                 detail=state.nack_detail,
             )
-        else:
-            state.acked_nonce = request.response_nonce
-            state.acked_at = time.monotonic()
-            self.record("ack", stream.identity, type_url, state.sent_version or "", request.response_nonce)
-            if new_names and type_url in self._served:
-                # The client asks for names it did not hold when the last push arrived: resend.
-                self._send(stream, type_url)
-        self._notify()
-        return None
+            return False
+        state.acked_nonce = request.response_nonce
+        state.acked_at = time.monotonic()
+        self.record("ack", stream.identity, type_url, state.sent_version or "", request.response_nonce)
+        return True
