@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -18,6 +17,7 @@ import httpx
 import pytest
 from stoa_cp.events import LISTENER_NAME
 from stoa_harness.cp_client import AsyncCPClient
+from stoa_harness.ports import free_port
 from stoa_harness.wait import GiveUp, wait_until_async
 
 
@@ -188,14 +188,8 @@ async def test_several_changes_while_away_resume_with_the_latest_complete_state(
     assert sorted(r["route_id"] for r in json.loads(event.data)["routes"]) == sorted(apis)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _start_cp_process(dsn: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "STOA_CP_DATABASE_URL": dsn,
