@@ -20,13 +20,16 @@ from stoa_cp.routers import (
     apis,
     audit,
     bulk,
+    consumers,
     gateways,
     health,
     issuers,
     link,
     metrics,
+    plans,
     policies,
     preview,
+    subscriptions,
     tenants,
     tools,
 )
@@ -136,7 +139,22 @@ def create_app(settings: Settings) -> FastAPI:
     )
     # Outermost: callers are authenticated before anything reads, limits or parses a body.
     app.add_middleware(Authentication, authenticator=Authenticator(settings))
-    for module in (tenants, apis, bulk, gateways, preview, issuers, link, health, metrics, audit, tools):
+    for module in (
+        tenants,
+        apis,
+        bulk,
+        consumers,
+        plans,
+        subscriptions,
+        gateways,
+        preview,
+        issuers,
+        link,
+        health,
+        metrics,
+        audit,
+        tools,
+    ):
         app.include_router(module.router)
     app.include_router(tools.keys_router)
     app.include_router(policies.tenant_router)

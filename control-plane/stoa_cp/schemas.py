@@ -115,8 +115,15 @@ class TenantOut(BaseModel):
 
 
 # -- APIs ---------------------------------------------------------------------------------------
+def _key_header(value: str) -> str:
+    return fields.key_header(value)
+
+
+KeyHeader = Annotated[str, StringConstraints(max_length=64), AfterValidator(_key_header)]
+
+
 class ApiAuth(Strict):
-    mode: Literal["jwt", "none"] = "jwt"
+    mode: Literal["jwt", "none", "api_key"] = "jwt"
     scopes: Scopes = []
     # The upstream also gets the client's credential (by default it is removed once checked).
     forward_credential: bool = False
@@ -128,6 +135,26 @@ class ApiAuth(Strict):
     def _envelope_needs_a_token(cls, value: bool, info: ValidationInfo) -> bool:
         if value and info.data.get("mode") == "none":
             raise ValueError("the identity envelope carries a verified token's identity: mode must be jwt")
+        return value
+
+    # api_key: the request header holding the key (x-api-key when not given). Never the query string.
+    key_header: KeyHeader | None = None
+    # jwt: the token's consumer (by its azp or client_id claim) must hold an active subscription.
+    subscription: bool = False
+
+    # A field of another mode is refused, not ignored (wherever an API is written: one, or in bulk).
+    @field_validator("key_header")
+    @classmethod
+    def _key_header_needs_api_key(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("mode") != "api_key":
+            raise ValueError("is only for mode 'api_key'")
+        return value
+
+    @field_validator("subscription")
+    @classmethod
+    def _subscription_needs_jwt(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("mode") != "jwt":
+            raise ValueError("is only for mode 'jwt'")
         return value
 
 
@@ -471,6 +498,93 @@ class IssuerOut(BaseModel):
 
 class IssuerRefreshed(IssuerOut):
     changed: bool
+
+
+# -- consumers, API keys, plans, subscriptions ---------------------------------------------------
+ClientId = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")]
+
+
+def _unique(values: list[str]) -> list[str]:
+    if len(set(values)) != len(values):
+        raise ValueError("must not repeat a value")
+    return values
+
+
+class ConsumerFields(Strict):
+    name: Name
+    # OAuth client ids whose tokens act for this consumer (matched on `azp`, else `client_id`).
+    client_ids: Annotated[list[ClientId], Field(max_length=64), AfterValidator(_unique)] = []
+
+
+class ConsumerIn(ConsumerFields):
+    consumer_id: Identifier
+
+
+class ConsumerUpdate(ConsumerFields):
+    consumer_id: Identifier | None = None
+
+
+class ConsumerOut(BaseModel):
+    consumer_id: str
+    tenant_id: str
+    name: str
+    client_ids: list[str]
+
+
+class KeyOut(BaseModel):
+    key_id: str
+    consumer_id: str
+    prefix: str = Field(description="Public: identifies the key in listings and logs")
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class KeyCreated(BaseModel):
+    key_id: str
+    consumer_id: str
+    prefix: str
+    key: str = Field(description="Shown once; the CP stores only its SHA-256 digest")
+    created_at: datetime
+
+
+class PlanFields(Strict):
+    requests: int = Field(ge=1, le=1_000_000_000)
+    window_seconds: int = Field(ge=1, le=31_536_000)
+    # Billed: counted exactly, one atomic update per request, denied when the count cannot be made.
+    billed: bool = False
+
+
+class PlanIn(PlanFields):
+    plan_id: Identifier
+
+
+class PlanUpdate(PlanFields):
+    plan_id: Identifier | None = None
+
+
+class PlanOut(PlanFields):
+    plan_id: str
+    tenant_id: str
+
+
+class SubscriptionIn(Strict):
+    subscription_id: Identifier
+    consumer_id: Identifier
+    api_id: Identifier
+    plan_id: Identifier
+
+
+class SubscriptionUpdate(Strict):
+    state: Literal["active", "suspended"]
+
+
+class SubscriptionOut(BaseModel):
+    subscription_id: str
+    tenant_id: str
+    consumer_id: str
+    api_id: str
+    plan_id: str
+    state: str
 
 
 # -- audit --------------------------------------------------------------------------------------

@@ -64,7 +64,14 @@ async def test_api_crud_with_defaults(api) -> None:
     body = created.json()
     assert body["path_prefix"] == f"/apis/{api_id}"
     assert body["methods"] == ["GET", "POST"]
-    assert body["auth"] == {"mode": "jwt", "scopes": [], "forward_credential": False, "envelope": False}
+    assert body["auth"] == {
+        "mode": "jwt",
+        "scopes": [],
+        "forward_credential": False,
+        "envelope": False,
+        "key_header": None,
+        "subscription": False,
+    }
     assert body["timeout_ms"] is None
 
     update = {
@@ -82,7 +89,14 @@ async def test_api_crud_with_defaults(api) -> None:
         "Orders v2",
         "/orders",
         2500,
-        {"mode": "jwt", "scopes": [], "forward_credential": True, "envelope": True},
+        {
+            "mode": "jwt",
+            "scopes": [],
+            "forward_credential": True,
+            "envelope": True,
+            "key_header": None,
+            "subscription": False,
+        },
     )
     listed = (await api.admin.get(f"/v1/tenants/{tenant_id}/apis")).json()
     assert [a["api_id"] for a in listed] == [api_id]

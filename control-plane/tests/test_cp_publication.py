@@ -39,6 +39,8 @@ async def test_deploy_undeploy_redeploy_generations_and_tombstones(api) -> None:
             "forward_credential": False,
             "envelope": False,
             "kind": "",
+            "key_header": "",
+            "subscription": False,
         }
     ]
     assert inv["tombstones"] == []

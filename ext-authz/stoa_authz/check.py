@@ -33,11 +33,14 @@ from stoa_authz.envelope import Envelope
 from stoa_authz.identify import LEEWAY_S, Identifier, Identity, bearer_token
 from stoa_authz.log import DecisionLog
 from stoa_authz.normalise import normalise
-from stoa_authz.policy import PolicySet, PolicyStore, Route
+from stoa_authz.policy import PolicySet, PolicyStore, Route, Subscription
 from stoa_authz.reasons import Deny, Reason
 from stoa_authz.strip import strip
 
 log = logging.getLogger("stoa_authz.check")
+
+# Keys the CP issues are 60-odd characters; anything far longer is not one of them.
+_MAX_KEY_LENGTH = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,17 +125,22 @@ class Decider:
     ) -> external_auth_pb2.CheckResponse:
         if not self._config.audience:
             raise Deny(Reason.NOT_CONFIGURED)
-        stripped = strip(normalise(http))
+        headers = normalise(http)
         policy = self._store.get(ext.get("policy_set_version", ""))
         if policy is None:
             raise Deny(Reason.POLICY_UNAVAILABLE)
         route = policy.routes.get(ext.get("route_id", ""))
         if route is None or ext.get("tenant_id", route.tenant_id) != route.tenant_id:
             raise Deny(Reason.UNKNOWN_ROUTE)
+        stripped = strip(headers, route.key_header)
         if route.auth_none:
             return respond.allow(route.grant, stripped.inbound_identity)
+        if route.key_header:
+            grant, claims_prefix = self._key_decision(stripped.api_key, route, policy)
+            envelope = self._envelope.mint(claims_prefix, rid) if route.envelope else None
+            return respond.allow(grant, stripped.inbound_identity, envelope)
         if route.verified_by_envoy:
-            decision = self._decided(self._identifier.from_envoy(metadata), route)
+            decision = self._decided(self._identifier.from_envoy(metadata), route, policy)
         else:
             decision = self._decision(bearer_token(stripped.authorization), route, policy)
         if decision.denial is not None:
@@ -140,6 +148,30 @@ class Decider:
         assert decision.grant is not None
         envelope = self._envelope.mint(decision.claims_prefix, rid) if route.envelope else None
         return respond.allow(decision.grant, stripped.inbound_identity, envelope)
+
+    def _key_decision(self, key: str | None, route: Route, policy: PolicySet) -> tuple[respond.Grant, str]:
+        """An API key's consumer and its subscription to the route's API. Not cached: two look-ups.
+        A digest is compared through a dictionary of digests of 256-bit random keys, so timing
+        tells a caller nothing about any stored key."""
+        if not key or len(key) > _MAX_KEY_LENGTH:
+            raise Deny(Reason.INVALID_KEY)
+        digest = hashlib.sha256(key.encode()).digest()
+        owner = policy.keys.get(digest)
+        if owner is None or owner[0] != route.tenant_id or digest in self._store.revoked:
+            raise Deny(Reason.INVALID_KEY)
+        consumer = owner[1]
+        sub = subscription(policy, route, consumer)
+        return (
+            respond.grant(route.tenant_id, route.api_id, consumer=consumer, envelope=route.envelope),
+            self._envelope.claims_prefix(
+                route.tenant_id,
+                route.api_id,
+                consumer,
+                (),
+                consumer=consumer,
+                subscription=sub.subscription_id,
+            ),
+        )
 
     def _decision(self, token: str, route: Route, policy: PolicySet) -> Decision:
         key = (route.route_id, hashlib.sha256(token.encode()).digest())
@@ -151,7 +183,7 @@ class Decider:
             cache.pop(key, None)
             raise Deny(Reason.EXPIRED_TOKEN)
         identity = self._identifier.identify(token, route)  # Deny for anything not verified: not cached
-        decision = self._decided(identity, route)
+        decision = self._decided(identity, route, policy)
         if self._config.cache_size:
             cache[key] = decision
             # Other threads evict too: an empty cache here is not an error.
@@ -160,19 +192,36 @@ class Decider:
                     cache.popitem(last=False)
         return decision
 
-    def _decided(self, identity: Identity, route: Route) -> Decision:
-        """The outcome for a verified identity on `route`."""
+    def _decided(self, identity: Identity, route: Route, policy: PolicySet) -> Decision:
+        """The outcome for a verified identity on `route` (with its consumer's subscription when the
+        route requires one)."""
+        consumer = held = None
         try:
             authorise(identity, route, self._config.required_scopes)
+            if route.subscription:
+                consumer = policy.clients.get((route.tenant_id, identity.client_id or ""))
+                if consumer is None:
+                    raise Deny(Reason.NO_SUBSCRIPTION)
+                held = subscription(policy, route, consumer).subscription_id
         except Deny as denial:
             return Decision(identity.expires_at, denial.reason)
         prefix = ""
         if route.envelope:
             prefix = self._envelope.claims_prefix(
-                route.tenant_id, route.api_id, identity.subject, identity.scopes
+                route.tenant_id, route.api_id, identity.subject, identity.scopes, consumer, held
             )
-        grant = respond.grant(route.tenant_id, route.api_id, identity.subject, envelope=route.envelope)
+        grant = respond.grant(
+            route.tenant_id, route.api_id, identity.subject, consumer, envelope=route.envelope
+        )
         return Decision(identity.expires_at, None, grant, prefix)
+
+
+def subscription(policy: PolicySet, route: Route, consumer: str) -> Subscription:
+    """The consumer's active subscription to the route's API (Deny no_subscription without one)."""
+    found = policy.subscriptions.get((route.tenant_id, consumer, route.api_id))
+    if found is None or not found.active:
+        raise Deny(Reason.NO_SUBSCRIPTION)
+    return found
 
 
 class AuthorizationService(external_auth_pb2_grpc.AuthorizationServicer):

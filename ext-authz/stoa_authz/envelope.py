@@ -71,9 +71,27 @@ class Envelope:
         public.update({"kid": self.kid, "alg": "EdDSA", "use": "sig"})
         self.jwks = json.dumps({"keys": [public]}).encode()
 
-    def claims_prefix(self, tenant: str, api: str, subject: str, scopes: Iterable[str]) -> str:
+    def claims_prefix(
+        self,
+        tenant: str,
+        api: str,
+        subject: str,
+        scopes: Iterable[str],
+        consumer: str | None = None,
+        subscription: str | None = None,
+    ) -> str:
         """The claims that stay the same for every request of one decision, as an open JSON object."""
-        fixed = {"iss": self._issuer, "tenant": tenant, "api": api, "sub": subject, "scopes": sorted(scopes)}
+        fixed: dict[str, object] = {
+            "iss": self._issuer,
+            "tenant": tenant,
+            "api": api,
+            "sub": subject,
+            "scopes": sorted(scopes),
+        }
+        if consumer is not None:
+            fixed["consumer"] = consumer
+        if subscription is not None:
+            fixed["subscription"] = subscription
         return json.dumps(fixed, separators=(",", ":"))[:-1] + ","
 
     def mint(self, claims_prefix: str, request_id: str) -> str:

@@ -53,6 +53,8 @@ class Identity:
     tenant: str | None
     scopes: frozenset[str]
     expires_at: float
+    # The OAuth client the token was issued to (`azp`, else `client_id`): names its consumer.
+    client_id: str | None = None
 
 
 def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -102,11 +104,13 @@ def identity_of(claims: dict[str, Any], tenant_claim: str) -> Identity:
     if not is_header_claim(subject):
         raise Deny(Reason.INVALID_TOKEN)
     tenant = claims.get(tenant_claim)
+    client = claims.get("azp") or claims.get("client_id")
     return Identity(
         subject=subject,
         tenant=tenant if isinstance(tenant, str) else None,
         scopes=granted_scopes(claims),
         expires_at=expires_at,
+        client_id=client if isinstance(client, str) else None,
     )
 
 

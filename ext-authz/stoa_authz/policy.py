@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -55,6 +56,20 @@ class Route:
     issuers: dict[str, TrustedIssuer]
     # The allow headers of this route without a subject (auth mode none), built at load.
     grant: respond.Grant
+    # api_key routes: the request header holding the key ("" for any other mode).
+    key_header: str = ""
+    # jwt routes: the token's consumer must hold an active subscription to the API.
+    subscription: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    subscription_id: str
+    consumer_id: str
+    active: bool
+    requests: int
+    window_seconds: int
+    billed: bool
 
 
 @dataclass(slots=True)
@@ -63,6 +78,12 @@ class PolicySet:
     routes: dict[str, Route]
     # Decisions for verified tokens, per set: (route_id, sha256(token)) -> cached decision (see check).
     decisions: OrderedDict[tuple[str, bytes], Any] = field(default_factory=OrderedDict)
+    # sha256(key) -> (tenant, consumer) of every live key.
+    keys: dict[bytes, tuple[str, str]] = field(default_factory=dict)
+    # (tenant, OAuth client id) -> consumer.
+    clients: dict[tuple[str, str], str] = field(default_factory=dict)
+    # (tenant, consumer, api) -> the consumer's subscription to the API.
+    subscriptions: dict[tuple[str, str, str], Subscription] = field(default_factory=dict)
 
 
 # An issuer-less tenant's routes share this map; nothing ever writes to a route's issuer map.
@@ -149,7 +170,46 @@ def _compile(message: authz_pb2.AuthzPolicySet, recent: tuple[_Compiled, ...]) -
                 compiled = replace(compiled, issuers=tenant)
         routes[compiled.route_id] = compiled
         done.routes[content_key] = compiled
-    return PolicySet(message.version, routes), done
+    policy_set = PolicySet(message.version, routes)
+    _compile_consumers(message, policy_set)
+    return policy_set, done
+
+
+def digest_of(hex_digest: str, where: str) -> bytes:
+    try:
+        raw = bytes.fromhex(hex_digest)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise PolicyError(f"{where}: key digest is not a SHA-256 in hex")
+    return raw
+
+
+def _compile_consumers(message: authz_pb2.AuthzPolicySet, policy_set: PolicySet) -> None:
+    """Keys, client ids and subscriptions as look-ups (a Check does one dictionary read each)."""
+    for consumer in message.consumers:
+        where = f"consumer {consumer.consumer_id!r} of tenant {consumer.tenant_id!r}"
+        if not consumer.tenant_id or not consumer.consumer_id:
+            raise PolicyError(f"{where}: tenant_id and consumer_id are required")
+        owner = (consumer.tenant_id, consumer.consumer_id)
+        for hex_digest in consumer.key_sha256:
+            if policy_set.keys.setdefault(digest_of(hex_digest, where), owner) != owner:
+                raise PolicyError(f"{where}: a key digest is listed for two consumers")
+        for client_id in consumer.client_ids:
+            if policy_set.clients.setdefault((consumer.tenant_id, client_id), consumer.consumer_id) != (
+                consumer.consumer_id
+            ):
+                raise PolicyError(f"{where}: client id {client_id!r} acts for two consumers")
+    for sub in message.subscriptions:
+        where = f"subscription {sub.subscription_id!r} of tenant {sub.tenant_id!r}"
+        if sub.requests < 1 or sub.window_seconds < 1:
+            raise PolicyError(f"{where}: requests and window_seconds must be at least 1")
+        key = (sub.tenant_id, sub.consumer_id, sub.api_id)
+        compiled = Subscription(
+            sub.subscription_id, sub.consumer_id, sub.active, sub.requests, sub.window_seconds, sub.billed
+        )
+        if policy_set.subscriptions.setdefault(key, compiled) is not compiled:
+            raise PolicyError(f"{where}: a second subscription of one consumer to one API")
 
 
 def _where(issuer: inventory_pb2.TrustedIssuer) -> str:
@@ -178,8 +238,10 @@ def _compile_route(
         raise PolicyError(f"{where}: route_id and tenant_id are required")
     if route.route_id in routes:
         raise PolicyError(f"{where}: listed twice")
-    if route.auth_mode not in ("", "jwt", "none"):
+    if route.auth_mode not in ("", "jwt", "none", "api_key"):
         raise PolicyError(f"{where}: unsupported auth mode {route.auth_mode!r}")
+    if (route.auth_mode == "api_key") != bool(route.key_header):
+        raise PolicyError(f"{where}: a key header goes with auth mode api_key, and only with it")
     if any(not scope.strip() for scope in route.scopes):
         raise PolicyError(f"{where}: blank scope")
     if route.verified_by_envoy and route.auth_mode == "none":
@@ -194,9 +256,23 @@ def _compile_route(
         envelope=route.envelope,
         issuers=issuers,
         grant=respond.grant(route.tenant_id, route.api_id),
+        key_header=route.key_header,
+        subscription=route.subscription,
     )
 
 
 class PolicyStore(KeptVersions[PolicySet]):
     """The last few accepted policy sets, by version; a Check asks for the version its route names. A
-    set re-sent with the same version keeps the loaded object, and its warm decision cache."""
+    set re-sent with the same version keeps the loaded object, and its warm decision cache.
+
+    Key revocations are kept apart, as one set that only grows: every revocation the service was
+    ever sent (in a set it accepted or refused) applies to every set, older ones included.
+    """
+
+    revoked: frozenset[bytes] = frozenset()
+
+    def revoke(self, digests: Iterable[bytes]) -> None:
+        # Replaced, never mutated: Checks on other threads read it without a lock.
+        added = frozenset(digests) - self.revoked
+        if added:
+            self.revoked = self.revoked | added

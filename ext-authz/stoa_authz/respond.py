@@ -15,7 +15,7 @@ from envoy.service.auth.v3.external_auth_pb2 import CheckResponse, DeniedHttpRes
 from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.rpc import code_pb2, status_pb2
 from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES
-from stoa_proto.decisions import API_HEADER, IDENTITY_HEADER, SUBJECT_HEADER, TENANT_HEADER
+from stoa_proto.decisions import API_HEADER, CONSUMER_HEADER, IDENTITY_HEADER, SUBJECT_HEADER, TENANT_HEADER
 
 from stoa_authz.reasons import DENIALS, Reason
 
@@ -62,10 +62,14 @@ class Grant:
     names: frozenset[str]
 
 
-def grant(tenant: str, api: str, subject: str | None = None, *, envelope: bool = False) -> Grant:
+def grant(
+    tenant: str, api: str, subject: str | None = None, consumer: str | None = None, *, envelope: bool = False
+) -> Grant:
     headers = [_header(TENANT_HEADER, tenant), _header(API_HEADER, api)]
     if subject is not None:
         headers.append(_header(SUBJECT_HEADER, subject))
+    if consumer is not None:
+        headers.append(_header(CONSUMER_HEADER, consumer))
     names = {h.header.key for h in headers} | ({IDENTITY_HEADER} if envelope else set())
     return Grant(tuple(headers), frozenset(names))
 

@@ -322,6 +322,51 @@ class CPCalls(Generic[R]):
     def lift_revocation(self, revocation_id: str, *, tenant_id: str) -> R:
         return self.send(Call("DELETE", f"/v1/tenants/{tenant_id}/tool-revocations/{revocation_id}"))
 
+    # -- consumers, keys, plans, subscriptions ----------------------------------------------------
+    def create_consumer(
+        self, consumer_id: str, *, tenant_id: str, name: str | None = None, client_ids: Sequence[str] = ()
+    ) -> R:
+        body = {"consumer_id": consumer_id, "name": name or consumer_id, "client_ids": list(client_ids)}
+        return self.send(Call("POST", f"/v1/tenants/{tenant_id}/consumers", body))
+
+    def delete_consumer(self, consumer_id: str, *, tenant_id: str) -> R:
+        return self.send(Call("DELETE", f"/v1/tenants/{tenant_id}/consumers/{consumer_id}"))
+
+    def create_key(self, consumer_id: str, *, tenant_id: str) -> R:
+        """A new API key: `{key_id, prefix, key, ...}`, the key shown this once."""
+        return self.send(Call("POST", f"/v1/tenants/{tenant_id}/consumers/{consumer_id}/keys"))
+
+    def keys(self, consumer_id: str, *, tenant_id: str) -> R:
+        return self.send(Call("GET", f"/v1/tenants/{tenant_id}/consumers/{consumer_id}/keys"))
+
+    def revoke_key(self, consumer_id: str, key_id: str, *, tenant_id: str) -> R:
+        return self.send(Call("DELETE", f"/v1/tenants/{tenant_id}/consumers/{consumer_id}/keys/{key_id}"))
+
+    def create_plan(
+        self, plan_id: str, *, tenant_id: str, requests: int, window_seconds: int, billed: bool = False
+    ) -> R:
+        body = {"plan_id": plan_id, "requests": requests, "window_seconds": window_seconds, "billed": billed}
+        return self.send(Call("POST", f"/v1/tenants/{tenant_id}/plans", body))
+
+    def delete_plan(self, plan_id: str, *, tenant_id: str) -> R:
+        return self.send(Call("DELETE", f"/v1/tenants/{tenant_id}/plans/{plan_id}"))
+
+    def subscribe(
+        self, subscription_id: str, *, tenant_id: str, consumer_id: str, api_id: str, plan_id: str
+    ) -> R:
+        body = {
+            "subscription_id": subscription_id,
+            "consumer_id": consumer_id,
+            "api_id": api_id,
+            "plan_id": plan_id,
+        }
+        return self.send(Call("POST", f"/v1/tenants/{tenant_id}/subscriptions", body))
+
+    def set_subscription_state(self, subscription_id: str, state: str, *, tenant_id: str) -> R:
+        """`state`: "active" or "suspended"; the subscription as stored."""
+        path = f"/v1/tenants/{tenant_id}/subscriptions/{subscription_id}"
+        return self.send(Call("PUT", path, {"state": state}))
+
 
 def _value(call: Call, response: httpx.Response) -> Any:
     body = checked(response, call.accept)

@@ -113,8 +113,12 @@ class PolicySubscription(Generic[V]):
         credentials: grpc.ChannelCredentials | None = None,
         server_name: str = "",
         on_change: Callable[[], Awaitable[None]] | None = None,
+        first: Callable[[DiscoveryResponse], None] | None = None,
     ) -> None:
         self._address = address
+        # Read from every response before it is decoded, whether it is then accepted or refused
+        # (what must apply even from a refused set: the authorization service's key revocations).
+        self._first = first
         self._store = store
         self._type_url = type_url
         self._decode = decode
@@ -165,6 +169,8 @@ class PolicySubscription(Generic[V]):
                 await call.write(await self._apply(response))
 
     async def _apply(self, response: DiscoveryResponse) -> DiscoveryRequest:
+        if self._first is not None:
+            self._first(response)
         try:
             policy_set = self._decode(response)
         except Exception as exc:

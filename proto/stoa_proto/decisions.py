@@ -16,6 +16,8 @@ DECISION_EVENT = "ext_authz_decision"
 TENANT_HEADER = "x-stoa-tenant-id"
 API_HEADER = "x-stoa-api-id"
 SUBJECT_HEADER = "x-stoa-subject"
+# The consumer (API key holder, or the OAuth client's) on routes that know one.
+CONSUMER_HEADER = "x-stoa-consumer-id"
 # The signed identity envelope: only the authorization service mints it.
 IDENTITY_HEADER = "x-stoa-identity"
 
@@ -49,6 +51,8 @@ class Reason(StrEnum):
     WRONG_AUDIENCE = "wrong_audience"
     TENANT_MISMATCH = "tenant_mismatch"
     INSUFFICIENT_SCOPE = "insufficient_scope"
+    INVALID_KEY = "invalid_key"
+    NO_SUBSCRIPTION = "no_subscription"
     MALFORMED_REQUEST = "malformed_request"
     UNKNOWN_ROUTE = "unknown_route"
     POLICY_UNAVAILABLE = "policy_unavailable"
@@ -69,6 +73,9 @@ DENIALS: dict[Reason, tuple[int, str | None]] = {
     Reason.WRONG_AUDIENCE: (401, _INVALID),
     Reason.TENANT_MISMATCH: (403, _SCOPE),
     Reason.INSUFFICIENT_SCOPE: (403, _SCOPE),
+    # An API key is not a bearer token: no challenge that would invite one.
+    Reason.INVALID_KEY: (401, None),
+    Reason.NO_SUBSCRIPTION: (403, None),
     Reason.MALFORMED_REQUEST: (400, None),
     Reason.UNKNOWN_ROUTE: (403, None),
     # The service cannot enforce: 503, whose body is identical to the 403's.

@@ -42,7 +42,7 @@ ACK_TIMEOUT: FailureReason
 INCONSISTENT_SNAPSHOT: FailureReason
 
 class Route(_message.Message):
-    __slots__ = ("route_id", "tenant_id", "api_id", "path_prefix", "methods", "upstream_url", "timeout_ms", "auth_mode", "scopes", "forward_credential", "envelope", "kind")
+    __slots__ = ("route_id", "tenant_id", "api_id", "path_prefix", "methods", "upstream_url", "timeout_ms", "auth_mode", "scopes", "forward_credential", "envelope", "kind", "key_header", "subscription")
     ROUTE_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     API_ID_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,8 @@ class Route(_message.Message):
     FORWARD_CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    KEY_HEADER_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     route_id: str
     tenant_id: str
     api_id: str
@@ -67,7 +69,43 @@ class Route(_message.Message):
     forward_credential: bool
     envelope: bool
     kind: str
-    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., path_prefix: _Optional[str] = ..., methods: _Optional[_Iterable[str]] = ..., upstream_url: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., forward_credential: _Optional[bool] = ..., envelope: _Optional[bool] = ..., kind: _Optional[str] = ...) -> None: ...
+    key_header: str
+    subscription: bool
+    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., path_prefix: _Optional[str] = ..., methods: _Optional[_Iterable[str]] = ..., upstream_url: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., forward_credential: _Optional[bool] = ..., envelope: _Optional[bool] = ..., kind: _Optional[str] = ..., key_header: _Optional[str] = ..., subscription: _Optional[bool] = ...) -> None: ...
+
+class Consumer(_message.Message):
+    __slots__ = ("tenant_id", "consumer_id", "client_ids", "key_sha256")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    KEY_SHA256_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    consumer_id: str
+    client_ids: _containers.RepeatedScalarFieldContainer[str]
+    key_sha256: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tenant_id: _Optional[str] = ..., consumer_id: _Optional[str] = ..., client_ids: _Optional[_Iterable[str]] = ..., key_sha256: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Subscription(_message.Message):
+    __slots__ = ("tenant_id", "subscription_id", "consumer_id", "api_id", "plan_id", "active", "requests", "window_seconds", "billed")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    API_ID_FIELD_NUMBER: _ClassVar[int]
+    PLAN_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BILLED_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    subscription_id: str
+    consumer_id: str
+    api_id: str
+    plan_id: str
+    active: bool
+    requests: int
+    window_seconds: int
+    billed: bool
+    def __init__(self, tenant_id: _Optional[str] = ..., subscription_id: _Optional[str] = ..., consumer_id: _Optional[str] = ..., api_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., active: _Optional[bool] = ..., requests: _Optional[int] = ..., window_seconds: _Optional[int] = ..., billed: _Optional[bool] = ...) -> None: ...
 
 class Policy(_message.Message):
     __slots__ = ("policy_id", "type", "scope", "targets", "tenant_id", "applicable", "cors", "rate_limit", "ip_filter", "guardrails", "transform")
@@ -148,7 +186,7 @@ class TrustedIssuer(_message.Message):
     def __init__(self, tenant_id: _Optional[str] = ..., issuer: _Optional[str] = ..., jwks_json: _Optional[str] = ..., jwks_uri: _Optional[str] = ...) -> None: ...
 
 class Inventory(_message.Message):
-    __slots__ = ("schema_version", "gateway_id", "generation", "routes", "policies", "tombstones", "issuers", "tools")
+    __slots__ = ("schema_version", "gateway_id", "generation", "routes", "policies", "tombstones", "issuers", "tools", "consumers", "subscriptions", "revoked_key_sha256")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +195,9 @@ class Inventory(_message.Message):
     TOMBSTONES_FIELD_NUMBER: _ClassVar[int]
     ISSUERS_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_KEY_SHA256_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     gateway_id: str
     generation: int
@@ -165,7 +206,10 @@ class Inventory(_message.Message):
     tombstones: _containers.RepeatedCompositeFieldContainer[Tombstone]
     issuers: _containers.RepeatedCompositeFieldContainer[TrustedIssuer]
     tools: _containers.RepeatedCompositeFieldContainer[_mcp_pb2.Tool]
-    def __init__(self, schema_version: _Optional[int] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ..., tombstones: _Optional[_Iterable[_Union[Tombstone, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_mcp_pb2.Tool, _Mapping]]] = ...) -> None: ...
+    consumers: _containers.RepeatedCompositeFieldContainer[Consumer]
+    subscriptions: _containers.RepeatedCompositeFieldContainer[Subscription]
+    revoked_key_sha256: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, schema_version: _Optional[int] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ..., tombstones: _Optional[_Iterable[_Union[Tombstone, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_mcp_pb2.Tool, _Mapping]]] = ..., consumers: _Optional[_Iterable[_Union[Consumer, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., revoked_key_sha256: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class InventoryDelta(_message.Message):
     __slots__ = ("schema_version", "gateway_id", "generation", "base_generation", "routes", "policies", "tombstones", "issuers", "removed_routes", "removed_policies", "removed_tombstones", "removed_issuers", "inventory_hash", "tools", "removed_tools")

@@ -13,8 +13,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from stoa_proto.client_headers import is_identity_header
+
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
-AUTH_MODES = ("jwt", "none")
+AUTH_MODES = ("jwt", "none", "api_key")
+DEFAULT_KEY_HEADER = "x-api-key"
 MAX_URL_LENGTH = 2048
 MAX_SCOPES = 64
 MAX_SCOPE_LENGTH = 128
@@ -136,3 +139,30 @@ def auth_mode(value: str) -> str:
     if value not in AUTH_MODES:
         raise ValueError(f"{value!r} is not one of {', '.join(AUTH_MODES)}")
     return value
+
+
+_HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+# Headers with another meaning on the way in: a key there would be read, forwarded or logged as such.
+_NOT_KEY_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "host",
+        "content-type",
+        "content-length",
+        "x-request-id",
+        "x-forwarded-for",
+        "x-forwarded-proto",
+    }
+)
+
+
+def key_header(value: str) -> str:
+    """The request header an api_key route reads its key from (lower-case)."""
+    name = value.strip().lower()
+    if not _HEADER_NAME.match(name):
+        raise ValueError(f"{value!r} is not a header name (letters, digits, '-', at most 64)")
+    if name in _NOT_KEY_HEADERS or is_identity_header(name) or name.startswith("x-envoy-"):
+        raise ValueError(f"{name!r} carries something else and cannot carry an API key")
+    return name

@@ -73,6 +73,10 @@ class RouteIR:
     placement: str = "service"
     # "" (proxied to its backend) or "mcp" (to the site's MCP module, path kept as is).
     kind: str = ""
+    # api_key: the request header holding the key (removed before the upstream like a token).
+    key_header: str = ""
+    # jwt: the token's consumer must hold an active subscription to this API.
+    subscription: bool = False
 
     def policy(self, kind: str) -> Any | None:
         if not self.policies:  # most routes: asked once per kind per route per translation
@@ -109,6 +113,11 @@ class SiteIR:
     issuers: tuple[IssuerIR, ...]
     # The tools of the tenants with an MCP route here, by (tenant, name); checked by the tool rules.
     tools: tuple[mcp_pb2.Tool, ...] = ()
+    # Consumers (by tenant, consumer id) and subscriptions (by tenant, subscription id), as delivered.
+    consumers: tuple[inventory_pb2.Consumer, ...] = ()
+    subscriptions: tuple[inventory_pb2.Subscription, ...] = ()
+    # Sorted, unique.
+    revoked_key_sha256: tuple[str, ...] = ()
 
     def needs_mcp(self) -> bool:
         return any(route.kind == MCP_KIND for route in self.routes)
@@ -186,7 +195,17 @@ def build(
         )
     )
     _check_tools(tools)
-    site = SiteIR(inventory.gateway_id, inventory.generation, tuple(routes), tuple(issuers), tools)
+    consumers, subscriptions = _consumers(inventory, tenants)
+    site = SiteIR(
+        inventory.gateway_id,
+        inventory.generation,
+        tuple(routes),
+        tuple(issuers),
+        tools,
+        consumers,
+        subscriptions,
+        tuple(sorted(set(_digests(inventory.revoked_key_sha256, "revoked key")))),
+    )
     return site, resolved
 
 
@@ -221,6 +240,42 @@ def _json(text: str) -> Any:
         return None
 
 
+def _digests(values: Any, where: str) -> list[str]:
+    for value in values:
+        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+            raise _invalid(f"{where}: {value[:16]!r}... is not a SHA-256 in lower-case hex")
+    return list(values)
+
+
+def _consumers(
+    inventory: inventory_pb2.Inventory, tenants: set[str]
+) -> tuple[tuple[inventory_pb2.Consumer, ...], tuple[inventory_pb2.Subscription, ...]]:
+    """The consumers and subscriptions of the tenants routed here, checked and in a fixed order."""
+    consumers = sorted(
+        (c for c in inventory.consumers if c.tenant_id in tenants), key=lambda c: (c.tenant_id, c.consumer_id)
+    )
+    seen: set[tuple[str, str]] = set()
+    for consumer in consumers:
+        where = f"consumer {consumer.consumer_id!r} of tenant {consumer.tenant_id!r}"
+        if not consumer.consumer_id.strip():
+            raise _invalid(f"{where}: consumer_id is empty")
+        if (consumer.tenant_id, consumer.consumer_id) in seen:
+            raise _invalid(f"{where}: listed twice")
+        seen.add((consumer.tenant_id, consumer.consumer_id))
+        _digests(consumer.key_sha256, f"{where}: key")
+    subscriptions = sorted(
+        (s for s in inventory.subscriptions if s.tenant_id in tenants),
+        key=lambda s: (s.tenant_id, s.subscription_id),
+    )
+    for sub in subscriptions:
+        where = f"subscription {sub.subscription_id!r} of tenant {sub.tenant_id!r}"
+        if (sub.tenant_id, sub.consumer_id) not in seen:
+            raise _invalid(f"{where}: unknown consumer {sub.consumer_id!r}")
+        if sub.requests < 1 or sub.window_seconds < 1:
+            raise _invalid(f"{where}: a plan needs requests and window_seconds of at least 1")
+    return tuple(consumers), tuple(subscriptions)
+
+
 def _route(route: inventory_pb2.Route, backends: dict[str, tuple[Backend, str] | str]) -> RouteIR:
     """The route's IR without its policies (`build` adds them)."""
     where = f"route {route.route_id or '<empty>'}"
@@ -249,10 +304,15 @@ def _route(route: inventory_pb2.Route, backends: dict[str, tuple[Backend, str] |
     try:
         auth_mode = fields.auth_mode(route.auth_mode or DEFAULT_AUTH_MODE)
         scopes = tuple(fields.scopes(route.scopes))
+        key_header = ""
+        if auth_mode == "api_key":
+            key_header = fields.key_header(route.key_header or fields.DEFAULT_KEY_HEADER)
     except ValueError as exc:
         raise _invalid(f"{where}: {exc}") from None
     if route.envelope and auth_mode == "none":
         raise _invalid(f"{where}: the identity envelope needs a token (auth_mode jwt)")
+    if route.subscription and auth_mode != "jwt":
+        raise _invalid(f"{where}: subscription is only for auth mode jwt")
     return RouteIR(
         route_id=route.route_id,
         tenant_id=route.tenant_id,
@@ -267,6 +327,8 @@ def _route(route: inventory_pb2.Route, backends: dict[str, tuple[Backend, str] |
         forward_credential=route.forward_credential,
         envelope=route.envelope,
         kind=route.kind,
+        key_header=key_header,
+        subscription=route.subscription,
     )
 
 

@@ -1,8 +1,9 @@
 """The AuthzPolicySet `default`: what the authorization service needs to decide for each route.
 
-Its `version` hashes the routes and issuers only, never the generation or the gateway id: a
-generation that changes nothing the service decides on keeps the same version, so the Envoy routes
-(whose virtual host carries it as the context extension `policy_set_version`) stay byte-identical too.
+Its `version` hashes its content only (routes, issuers, consumers, subscriptions, revocations),
+never the generation or the gateway id: a generation that changes nothing the service decides on
+keeps the same version, so the Envoy routes (whose virtual host carries it as the context extension
+`policy_set_version`) stay byte-identical too.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def _route_entry(r: RouteIR) -> bytes:
                 scopes=r.scopes,
                 verified_by_envoy=r.placement == placement.SERVICE_VERIFIED_TOKEN,
                 envelope=r.envelope,
+                key_header=r.key_header,
+                subscription=r.subscription,
             )
         ]
     ).SerializeToString()
@@ -51,6 +54,9 @@ def render_policy_set(site: SiteIR) -> authz_pb2.AuthzPolicySet:
             for i in site.issuers
         ]
     )
+    content.consumers.extend(site.consumers)
+    content.subscriptions.extend(site.subscriptions)
+    content.revoked_key_sha256.extend(site.revoked_key_sha256)
     return _stamped(content, site)
 
 

@@ -13,7 +13,8 @@ foreign escape; the rules the authorization service also applies), before any ro
 without a Check.
 
 Credential: a route that checks a token removes the client's `authorization` before the upstream
-(the router applies it after ext_authz, which has read it), unless the API forwards it.
+(the router applies it after ext_authz, which has read it), an api_key route its key header, unless
+the API forwards it.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def _entries(route: RouteIR, options: TranslateOptions) -> list[route_components
             request_headers_to_add=identity,
         )
         if route.auth_mode != "none" and not route.forward_credential:
-            entry.request_headers_to_remove.append(CREDENTIAL_HEADER)
+            entry.request_headers_to_remove.append(route.key_header or CREDENTIAL_HEADER)
         for name, config in configs.items():
             entry.typed_per_filter_config[name].CopyFrom(config)
         entries.append(entry)

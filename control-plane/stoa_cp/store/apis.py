@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
+from stoa_translate.fields import DEFAULT_KEY_HEADER
 
 from stoa_cp.problems import Problem, Taken, not_found
 from stoa_cp.schemas import ApiAuth, ApiFields, ApiIn, ApiOut
@@ -22,6 +23,8 @@ COLUMNS = (
     "scopes",
     "forward_credential",
     "envelope",
+    "key_header",
+    "subscription",
 )
 _PLACES = ", ".join(f"${i}" for i in range(3, len(COLUMNS) + 3))
 INSERT = f"INSERT INTO apis (api_id, tenant_id, {', '.join(COLUMNS)}) VALUES ($1, $2, {_PLACES})"  # noqa: S608
@@ -29,7 +32,7 @@ _SETS = ", ".join(f"{c} = ${i}" for i, c in enumerate(COLUMNS, start=2))
 UPDATE = f"UPDATE apis SET {_SETS}, updated_at = now() WHERE api_id = $1"  # noqa: S608 - constant text
 _SELECT = (
     "SELECT a.api_id, a.tenant_id, a.kind, a.name, a.upstream_url, a.path_prefix, a.methods, a.timeout_ms,"
-    " a.auth_mode, a.scopes, a.forward_credential, a.envelope,"
+    " a.auth_mode, a.scopes, a.forward_credential, a.envelope, a.key_header, a.subscription,"
     " COALESCE((SELECT array_agg(d.gateway_id ORDER BY d.gateway_id)"
     " FROM deployments d WHERE d.api_id = a.api_id), '{}') AS deployed_on FROM apis a"
 )
@@ -49,6 +52,8 @@ def columns(api_id: str, body: ApiFields) -> dict[str, Any]:
         "scopes": body.auth.scopes,
         "forward_credential": body.auth.forward_credential,
         "envelope": body.auth.envelope,
+        "key_header": (body.auth.key_header or DEFAULT_KEY_HEADER) if body.auth.mode == "api_key" else "",
+        "subscription": body.auth.subscription,
     }
 
 
@@ -67,6 +72,8 @@ def _out(row: asyncpg.Record) -> ApiOut:
             scopes=list(row["scopes"]),
             forward_credential=row["forward_credential"],
             envelope=row["envelope"],
+            key_header=row["key_header"] or None,
+            subscription=row["subscription"],
         ),
         deployed_on=list(row["deployed_on"]),
     )

@@ -68,6 +68,8 @@ SELECT coalesce(string_agg({
             ("forward_credential", "a.forward_credential", "bool"),
             ("envelope", "a.envelope", "bool"),
             ("kind", "CASE WHEN a.kind = 'http' THEN '' ELSE a.kind END", "string"),
+            ("key_header", "a.key_header", "string"),
+            ("subscription", "a.subscription", "bool"),
         )
     )
 }, ',' ORDER BY a.api_id), '') AS json,
@@ -122,6 +124,26 @@ async def build(conn: asyncpg.Connection, gateway_id: str) -> Document | None:
         tenants,
     )
     tools = await conn.fetch(TOOLS, list(routes["mcp_tenants"]))
+    consumers = await conn.fetch(
+        "SELECT c.tenant_id, c.consumer_id, c.client_ids,"
+        " coalesce((SELECT array_agg(encode(k.key_sha256, 'hex') ORDER BY k.key_sha256) FROM api_keys k"
+        " WHERE k.tenant_id = c.tenant_id AND k.consumer_id = c.consumer_id AND k.revoked_at IS NULL),"
+        " '{}') AS keys FROM consumers c WHERE c.tenant_id = ANY($1::text[])"
+        " ORDER BY c.tenant_id, c.consumer_id",
+        tenants,
+    )
+    subscriptions = await conn.fetch(
+        "SELECT s.tenant_id, s.subscription_id, s.consumer_id, s.api_id, s.plan_id,"
+        " s.state = 'active' AS active, p.requests, p.window_seconds, p.billed"
+        " FROM subscriptions s JOIN plans p ON p.tenant_id = s.tenant_id AND p.plan_id = s.plan_id"
+        " WHERE s.api_id = ANY($1::text[]) ORDER BY s.tenant_id, s.subscription_id",
+        routes["route_ids"],
+    )
+    revoked = await conn.fetchval(
+        "SELECT coalesce(array_agg(encode(key_sha256, 'hex') ORDER BY key_sha256), '{}') FROM api_keys"
+        " WHERE tenant_id = ANY($1::text[]) AND revoked_at IS NOT NULL",
+        tenants,
+    )
 
     inv = inventory_pb2.Inventory(
         schema_version=INVENTORY_SCHEMA_VERSION, gateway_id=gateway_id, generation=int(generation)
@@ -139,6 +161,16 @@ async def build(conn: asyncpg.Connection, gateway_id: str) -> Document | None:
     inv.issuers.extend(issuer_message(row) for row in issuers)
     for row in tools:
         inv.tools.append(tool_message(row))
+    for row in consumers:
+        inv.consumers.add(
+            tenant_id=row["tenant_id"],
+            consumer_id=row["consumer_id"],
+            client_ids=row["client_ids"],
+            key_sha256=row["keys"],
+        )
+    for row in subscriptions:
+        inv.subscriptions.add(**dict(row))
+    inv.revoked_key_sha256.extend(revoked)
     return Document(inv, routes["json"], tombstones, len(all_routes))
 
 

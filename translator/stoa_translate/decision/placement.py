@@ -5,9 +5,11 @@
   payload, identity headers added by the route. For a route whose every rule is expressible there:
   a JWT route of a tenant whose issuers all ship their keys inline, or a route without a token.
 - `SERVICE_VERIFIED_TOKEN`: `jwt_authn` verifies the token, the authorization service decides the
-  rest on its verified payload (a route with the identity envelope, which only the service signs).
-- `SERVICE`: the authorization service decides everything (a tenant with an issuer known only by
-  its `jwks_uri`, whose keys the service may fetch; every route when the site says `service`).
+  rest on its verified payload (a route with the identity envelope, which only the service signs, or
+  one whose token's consumer needs a subscription, which only the service knows).
+- `SERVICE`: the authorization service decides everything (an API-key route; a tenant with an issuer
+  known only by its `jwks_uri`, whose keys the service may fetch; every route when the site says
+  `service`).
 
 Without the site's audience no route is decided by Envoy: the service then denies every request
 (`not_configured`), as it always has.
@@ -43,9 +45,10 @@ def place(route: RouteIR, verifiable: frozenset[str], options: TranslateOptions)
         return SERVICE
     if route.auth_mode == "none":
         return ENVOY
-    if route.tenant_id not in verifiable:
+    # Keys, consumers and subscriptions are only known to the service.
+    if route.key_header or route.tenant_id not in verifiable:
         return SERVICE
-    return SERVICE_VERIFIED_TOKEN if route.envelope else ENVOY
+    return SERVICE_VERIFIED_TOKEN if route.envelope or route.subscription else ENVOY
 
 
 def placed(site: SiteIR, options: TranslateOptions) -> SiteIR:

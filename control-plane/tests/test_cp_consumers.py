@@ -1,0 +1,197 @@
+"""Consumers, API keys, plans and subscriptions on the CP API: tenant-scoped from birth (another
+tenant's are 404), keys shown once and stored only as digests, each change a new generation of the
+tenant's gateways, delivered in the inventory (digests only), revocations kept; 422 naming the field."""
+
+from __future__ import annotations
+
+import hashlib
+
+import asyncpg
+import pytest
+from stoa_harness.cp_client import CPError
+
+
+@pytest.fixture
+async def estate(api) -> dict[str, str]:
+    tenant = await api.tenant()
+    gateway, credential = await api.gateway()
+    api_id = await api.new_api(tenant, auth={"mode": "api_key"})
+    await api.deploy(gateway, api_id)
+    return {"tenant": tenant, "gateway": gateway, "credential": credential, "api": api_id}
+
+
+async def test_key_shown_once_stored_as_digest_and_delivered_as_digest(api, estate, cp) -> None:
+    tenant, gateway = estate["tenant"], estate["gateway"]
+    before = await api.generation(gateway)
+    consumer = await api.client.create_consumer("acme", tenant_id=tenant, client_ids=["acme-app"])
+    assert consumer == {
+        "consumer_id": "acme",
+        "tenant_id": tenant,
+        "name": "acme",
+        "client_ids": ["acme-app"],
+    }
+    created = await api.client.create_key("acme", tenant_id=tenant)
+    key = created["key"]
+    assert key.startswith(f"stoa_{created['prefix']}_")
+    assert len(key) > 40
+    assert await api.generation(gateway) == before + 2
+
+    listed = await api.client.keys("acme", tenant_id=tenant)
+    assert [k["prefix"] for k in listed] == [created["prefix"]]
+    assert all("key" not in k for k in listed)
+    assert key not in str(listed)
+
+    conn = await asyncpg.connect(cp.dsn)
+    try:
+        dump = await conn.fetch("SELECT * FROM api_keys")
+        audit = await conn.fetch("SELECT object_ids::text FROM audit_log")
+    finally:
+        await conn.close()
+    assert key not in str(dump)
+    assert key not in str(audit)
+
+    inventory = await api.inventory(gateway, estate["credential"])
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    assert inventory["consumers"] == [
+        {"tenant_id": tenant, "consumer_id": "acme", "client_ids": ["acme-app"], "key_sha256": [digest]}
+    ]
+    assert key not in str(inventory)
+    route = next(r for r in inventory["routes"] if r["route_id"] == estate["api"])
+    assert route["auth_mode"] == "api_key"
+    assert route["key_header"] == "x-api-key"
+
+    await api.client.revoke_key("acme", created["key_id"], tenant_id=tenant)
+    inventory = await api.inventory(gateway, estate["credential"])
+    assert inventory["consumers"][0]["key_sha256"] == []
+    assert inventory["revoked_key_sha256"] == [digest]
+    with pytest.raises(CPError) as again:
+        await api.client.revoke_key("acme", created["key_id"], tenant_id=tenant)
+    assert again.value.status_code == 404
+    # A deleted consumer's keys stay revoked.
+    other = await api.client.create_key("acme", tenant_id=tenant)
+    await api.client.delete_consumer("acme", tenant_id=tenant)
+    inventory = await api.inventory(gateway, estate["credential"])
+    assert inventory["consumers"] == []
+    assert hashlib.sha256(other["key"].encode()).hexdigest() in inventory["revoked_key_sha256"]
+
+
+async def test_plans_and_subscriptions(api, estate) -> None:
+    tenant, gateway = estate["tenant"], estate["gateway"]
+    await api.client.create_consumer("c1", tenant_id=tenant)
+    plan = await api.client.create_plan("gold", tenant_id=tenant, requests=10, window_seconds=60, billed=True)
+    assert plan == {
+        "plan_id": "gold",
+        "tenant_id": tenant,
+        "requests": 10,
+        "window_seconds": 60,
+        "billed": True,
+    }
+    sub = await api.client.subscribe(
+        "s1", tenant_id=tenant, consumer_id="c1", api_id=estate["api"], plan_id="gold"
+    )
+    assert sub["state"] == "active"
+    inventory = await api.inventory(gateway, estate["credential"])
+    assert inventory["subscriptions"] == [
+        {
+            "tenant_id": tenant,
+            "subscription_id": "s1",
+            "consumer_id": "c1",
+            "api_id": estate["api"],
+            "plan_id": "gold",
+            "active": True,
+            "requests": 10,
+            "window_seconds": 60,
+            "billed": True,
+        }
+    ]
+    before = await api.generation(gateway)
+    assert (await api.client.set_subscription_state("s1", "suspended", tenant_id=tenant))[
+        "state"
+    ] == "suspended"
+    assert await api.generation(gateway) == before + 1
+    assert (await api.inventory(gateway, estate["credential"]))["subscriptions"][0]["active"] is False
+
+    with pytest.raises(CPError) as in_use:
+        await api.client.delete_plan("gold", tenant_id=tenant)
+    assert in_use.value.status_code == 409
+    assert in_use.value.fields == ["plan_id"]
+    with pytest.raises(CPError) as twice:
+        await api.client.subscribe(
+            "s2", tenant_id=tenant, consumer_id="c1", api_id=estate["api"], plan_id="gold"
+        )
+    assert twice.value.status_code == 409
+    with pytest.raises(CPError) as unknown:
+        await api.client.subscribe(
+            "s3", tenant_id=tenant, consumer_id="nobody", api_id=estate["api"], plan_id="gold"
+        )
+    assert unknown.value.status_code == 404
+    assert unknown.value.fields == ["consumer_id"]
+    response = await api.admin.delete(f"/v1/tenants/{tenant}/subscriptions/s1")
+    assert response.status_code == 204
+    await api.client.delete_plan("gold", tenant_id=tenant)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("consumers", {"consumer_id": "c", "name": "c", "client_ids": ["a", "a"]}, "client_ids"),
+        ("consumers", {"consumer_id": "bad id", "name": "c"}, "consumer_id"),
+        ("plans", {"plan_id": "p", "requests": 0, "window_seconds": 60}, "requests"),
+        ("plans", {"plan_id": "p", "requests": 1, "window_seconds": 0}, "window_seconds"),
+        ("subscriptions", {"subscription_id": "s", "consumer_id": "c", "api_id": "a"}, "plan_id"),
+    ],
+)
+async def test_bad_input_is_422_naming_the_field(api, estate, path: str, body: dict, field: str) -> None:
+    response = await api.admin.post(f"/v1/tenants/{estate['tenant']}/{path}", json=body)
+    assert response.status_code == 422, response.text
+    assert [e["field"] for e in response.json()["errors"]] == [field]
+
+
+@pytest.mark.parametrize(
+    ("auth", "field"),
+    [
+        ({"mode": "api_key", "key_header": "authorization"}, "auth.key_header"),
+        ({"mode": "api_key", "key_header": "x-stoa-key"}, "auth.key_header"),
+        ({"mode": "jwt", "key_header": "x-key"}, "auth.key_header"),
+        ({"mode": "api_key", "subscription": True}, "auth.subscription"),
+    ],
+)
+async def test_api_auth_fields_of_another_mode_are_422(api, estate, auth: dict, field: str) -> None:
+    body = {"api_id": api.uid("a"), "name": "a", "upstream_url": "http://127.0.0.1:9", "methods": ["GET"]}
+    response = await api.admin.post(f"/v1/tenants/{estate['tenant']}/apis", json={**body, "auth": auth})
+    assert response.status_code == 422, response.text
+    assert [e["field"] for e in response.json()["errors"]] == [field]
+
+
+async def test_client_id_maps_to_one_consumer(api, estate) -> None:
+    tenant = estate["tenant"]
+    await api.client.create_consumer("one", tenant_id=tenant, client_ids=["app"])
+    with pytest.raises(CPError) as taken:
+        await api.client.create_consumer("two", tenant_id=tenant, client_ids=["app"])
+    assert taken.value.status_code == 409
+    assert taken.value.fields == ["client_ids"]
+    # The refused create changed nothing.
+    listed = (await api.admin.get(f"/v1/tenants/{tenant}/consumers")).json()
+    assert [c["consumer_id"] for c in listed] == ["one"]
+    # Another tenant may use the same client id.
+    other = await api.tenant()
+    await api.client.create_consumer("two", tenant_id=other, client_ids=["app"])
+
+
+async def test_another_tenants_admin_gets_404(api, estate, idp, cp) -> None:
+    tenant = estate["tenant"]
+    await api.client.create_consumer("mine", tenant_id=tenant)
+    await api.client.create_plan("p", tenant_id=tenant, requests=1, window_seconds=1)
+    stranger = idp.role_token("tenant_admin", tenant=await api.tenant())
+    async with cp.bearer(stranger) as client:
+        for method, path in (
+            ("GET", f"/v1/tenants/{tenant}/consumers/mine"),
+            ("POST", f"/v1/tenants/{tenant}/consumers/mine/keys"),
+            ("DELETE", f"/v1/tenants/{tenant}/plans/p"),
+            ("GET", f"/v1/tenants/{tenant}/subscriptions"),
+        ):
+            response = await client.request(method, path)
+            assert response.status_code == 404, (method, path, response.text)
+    own = idp.role_token("tenant_admin", tenant=tenant)
+    async with cp.bearer(own) as client:
+        assert (await client.post(f"/v1/tenants/{tenant}/consumers/mine/keys")).status_code == 201
