@@ -34,6 +34,7 @@ from stoa_authz.identify import LEEWAY_S, Identifier, Identity, bearer_token
 from stoa_authz.log import DecisionLog
 from stoa_authz.normalise import normalise
 from stoa_authz.policy import PolicySet, PolicyStore, Route, Subscription
+from stoa_authz.quotas import Quotas
 from stoa_authz.reasons import Deny, Reason
 from stoa_authz.strip import strip
 
@@ -58,6 +59,8 @@ class Decision:
     denial: Reason | None
     grant: respond.Grant | None = None
     claims_prefix: str = ""
+    # The subscription each request of this decision is counted against (jwt + subscription).
+    subscription: Subscription | None = None
 
 
 def request_id(http: AttributeContext.HttpRequest) -> str:
@@ -82,7 +85,9 @@ class Decider:
         identifier: Identifier,
         envelope: Envelope,
         decision_log: DecisionLog,
+        quotas: Quotas | None = None,
     ) -> None:
+        self._quotas = quotas or Quotas()
         self._config = config
         self._store = store
         self._identifier = identifier
@@ -100,7 +105,7 @@ class Decider:
             reason = Reason.ALLOWED
         except Deny as denial:
             reason = denial.reason
-            response = respond.deny(reason)
+            response = respond.deny(reason, denial.headers)
         except Exception:
             # Fail closed; the exception text may quote input, so only its class is logged.
             log.exception("decision_failed")
@@ -136,9 +141,10 @@ class Decider:
         if route.auth_none:
             return respond.allow(route.grant, stripped.inbound_identity)
         if route.key_header:
-            grant, claims_prefix = self._key_decision(stripped.api_key, route, policy)
+            grant, claims_prefix, sub = self._key_decision(stripped.api_key, route, policy)
+            limits = self._quotas.take(route.tenant_id, sub)
             envelope = self._envelope.mint(claims_prefix, rid) if route.envelope else None
-            return respond.allow(grant, stripped.inbound_identity, envelope)
+            return respond.allow(grant, stripped.inbound_identity, envelope, limits)
         if route.verified_by_envoy:
             decision = self._decided(self._identifier.from_envoy(metadata), route, policy)
         else:
@@ -146,10 +152,15 @@ class Decider:
         if decision.denial is not None:
             raise Deny(decision.denial)
         assert decision.grant is not None
+        limits = (
+            () if decision.subscription is None else self._quotas.take(route.tenant_id, decision.subscription)
+        )
         envelope = self._envelope.mint(decision.claims_prefix, rid) if route.envelope else None
-        return respond.allow(decision.grant, stripped.inbound_identity, envelope)
+        return respond.allow(decision.grant, stripped.inbound_identity, envelope, limits)
 
-    def _key_decision(self, key: str | None, route: Route, policy: PolicySet) -> tuple[respond.Grant, str]:
+    def _key_decision(
+        self, key: str | None, route: Route, policy: PolicySet
+    ) -> tuple[respond.Grant, str, Subscription]:
         """An API key's consumer and its subscription to the route's API. Not cached: two look-ups.
         A digest is compared through a dictionary of digests of 256-bit random keys, so timing
         tells a caller nothing about any stored key."""
@@ -171,6 +182,7 @@ class Decider:
                 consumer=consumer,
                 subscription=sub.subscription_id,
             ),
+            sub,
         )
 
     def _decision(self, token: str, route: Route, policy: PolicySet) -> Decision:
@@ -202,18 +214,23 @@ class Decider:
                 consumer = policy.clients.get((route.tenant_id, identity.client_id or ""))
                 if consumer is None:
                     raise Deny(Reason.NO_SUBSCRIPTION)
-                held = subscription(policy, route, consumer).subscription_id
+                held = subscription(policy, route, consumer)
         except Deny as denial:
             return Decision(identity.expires_at, denial.reason)
         prefix = ""
         if route.envelope:
             prefix = self._envelope.claims_prefix(
-                route.tenant_id, route.api_id, identity.subject, identity.scopes, consumer, held
+                route.tenant_id,
+                route.api_id,
+                identity.subject,
+                identity.scopes,
+                consumer,
+                held.subscription_id if held else None,
             )
         grant = respond.grant(
             route.tenant_id, route.api_id, identity.subject, consumer, envelope=route.envelope
         )
-        return Decision(identity.expires_at, None, grant, prefix)
+        return Decision(identity.expires_at, None, grant, prefix, held)
 
 
 def subscription(policy: PolicySet, route: Route, consumer: str) -> Subscription:

@@ -66,6 +66,7 @@ class Route:
 class Subscription:
     subscription_id: str
     consumer_id: str
+    plan_id: str
     active: bool
     requests: int
     window_seconds: int
@@ -206,7 +207,13 @@ def _compile_consumers(message: authz_pb2.AuthzPolicySet, policy_set: PolicySet)
             raise PolicyError(f"{where}: requests and window_seconds must be at least 1")
         key = (sub.tenant_id, sub.consumer_id, sub.api_id)
         compiled = Subscription(
-            sub.subscription_id, sub.consumer_id, sub.active, sub.requests, sub.window_seconds, sub.billed
+            sub.subscription_id,
+            sub.consumer_id,
+            sub.plan_id,
+            sub.active,
+            sub.requests,
+            sub.window_seconds,
+            sub.billed,
         )
         if policy_set.subscriptions.setdefault(key, compiled) is not compiled:
             raise PolicyError(f"{where}: a second subscription of one consumer to one API")

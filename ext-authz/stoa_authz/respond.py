@@ -7,7 +7,7 @@ neutral body for the status. Deny responses are built once per reason at import.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
@@ -22,16 +22,21 @@ from stoa_authz.reasons import DENIALS, Reason
 RETRY_AFTER_S = "1"
 
 _OVERWRITE = HeaderValueOption.HeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD
-_GRPC_CODE = {400: code_pb2.INVALID_ARGUMENT, 401: code_pb2.UNAUTHENTICATED, 503: code_pb2.UNAVAILABLE}
+_GRPC_CODE = {
+    400: code_pb2.INVALID_ARGUMENT,
+    401: code_pb2.UNAUTHENTICATED,
+    429: code_pb2.RESOURCE_EXHAUSTED,
+    503: code_pb2.UNAVAILABLE,
+}
 
 
 def _header(name: str, value: str) -> HeaderValueOption:
     return HeaderValueOption(header=HeaderValue(key=name, value=value), append_action=_OVERWRITE)
 
 
-def _denial(reason: Reason) -> CheckResponse:
+def _denial(reason: Reason, extra: Sequence[tuple[str, str]] = ()) -> CheckResponse:
     status, challenge = DENIALS[reason]
-    headers = [_header("content-type", CONTENT_TYPE)]
+    headers = [_header("content-type", CONTENT_TYPE), *(_header(name, value) for name, value in extra)]
     if challenge:
         headers.append(_header("www-authenticate", challenge))
     if status == 503:
@@ -49,8 +54,9 @@ def _denial(reason: Reason) -> CheckResponse:
 DENY_RESPONSES: dict[Reason, CheckResponse] = {reason: _denial(reason) for reason in DENIALS}
 
 
-def deny(reason: Reason) -> CheckResponse:
-    return DENY_RESPONSES[reason]
+def deny(reason: Reason, headers: Sequence[tuple[str, str]] = ()) -> CheckResponse:
+    """The denial for `reason`; with `headers` (a quota's), built for this request."""
+    return _denial(reason, headers) if headers else DENY_RESPONSES[reason]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +83,15 @@ def grant(
 _OK = status_pb2.Status(code=code_pb2.OK)
 
 
-def allow(grant: Grant, inbound_identity: Iterable[str], envelope: str | None = None) -> CheckResponse:
+def allow(
+    grant: Grant,
+    inbound_identity: Iterable[str],
+    envelope: str | None = None,
+    response_headers: Sequence[tuple[str, str]] = (),
+) -> CheckResponse:
+    """`response_headers` go to the client with the upstream's answer (a quota's RateLimit fields)."""
     ok = OkHttpResponse(headers=grant.headers)
+    ok.response_headers_to_add.extend(_header(name, value) for name, value in response_headers)
     if envelope is not None:
         ok.headers.append(_header(IDENTITY_HEADER, envelope))
     # What we set is overwritten in place; everything else the client sent goes.

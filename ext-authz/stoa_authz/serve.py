@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
 from envoy.service.auth.v3 import external_auth_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
 from stoa_ops.endpoint import OperatorEndpoint
 from stoa_ops.lifecycle import run_until_stopped, stop_on_signals
+from stoa_quota import BatchedCounter, BilledCounter, DegradedMode, QuotaStore
 
 from stoa_authz.ads import subscribe
 from stoa_authz.check import AuthorizationService, Decider, DecisionConfig
@@ -24,6 +26,7 @@ from stoa_authz.health import Readiness, authz_registry
 from stoa_authz.identify import Identifier
 from stoa_authz.log import DecisionLog
 from stoa_authz.policy import PolicyStore
+from stoa_authz.quotas import Quotas
 from stoa_authz.settings import Settings
 
 log = logging.getLogger("stoa_authz.serve")
@@ -43,6 +46,32 @@ def grpc_server(settings: Settings) -> grpc.Server:
     )
 
 
+@dataclass
+class QuotaCounters:
+    quotas: Quotas
+    store: QuotaStore | None = None
+    batched: BatchedCounter | None = None
+
+    def close(self) -> None:
+        if self.batched is not None:
+            self.batched.close()  # its last counts are flushed
+        if self.store is not None:
+            self.store.close()
+
+
+def quota_counters(settings: Settings) -> QuotaCounters:
+    """The quota counters on the configured PostgreSQL; the pool connects in the background, so a
+    database that is down at start-up delays nothing (billed requests are quota_unavailable)."""
+    if not settings.database_url:
+        return QuotaCounters(Quotas())
+    store = QuotaStore(
+        settings.database_url, max_size=settings.grpc_threads, timeout_s=settings.quota_timeout_s
+    ).open(wait_s=None)
+    degraded = DegradedMode(settings.quota_degraded_overshoot, settings.quota_degraded_max_s)
+    batched = BatchedCounter(store, settings.quota_flush_interval_s, degraded).start()
+    return QuotaCounters(Quotas(BilledCounter(store), batched), store, batched)
+
+
 async def serve(settings: Settings, envelope: Envelope, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     stop_on_signals(stop)
@@ -60,7 +89,8 @@ async def serve(settings: Settings, envelope: Envelope, stop: asyncio.Event | No
         settings.audience, frozenset(settings.required_scopes), cache_size=settings.token_cache_size
     )
     decision_log = DecisionLog().start()
-    decider = Decider(config, store, identifier, envelope, decision_log)
+    counters = quota_counters(settings)
+    decider = Decider(config, store, identifier, envelope, decision_log, counters.quotas)
 
     server = grpc_server(settings)
     external_auth_pb2_grpc.add_AuthorizationServicer_to_server(AuthorizationService(decider), server)
@@ -90,3 +120,4 @@ async def serve(settings: Settings, envelope: Envelope, stop: asyncio.Event | No
         await asyncio.to_thread(server.stop(grace=1).wait)
         # After the last Check: every decision's event is written before the process exits.
         decision_log.close()
+        counters.close()

@@ -27,6 +27,18 @@ class Settings(SiteSettings, DecisionSettings):
     reuse_port: bool = False
     token_cache_size: int = Field(default=10_000, ge=0)
     jwks_fetch_timeout_s: float = Field(default=2.0, gt=0, le=30)
+    # PostgreSQL of the quota counters (a libpq URL); without it every subscribed request is denied
+    # (quota_unavailable). Never logged.
+    database_url: str = ""
+    # Longest wait for a connection or a count; past it a billed request is quota_unavailable.
+    quota_timeout_s: float = Field(default=0.5, gt=0, le=10)
+    # Non-billed counts are sent to PostgreSQL this often.
+    quota_flush_interval_s: float = Field(default=0.1, gt=0, le=10)
+    # While PostgreSQL is unreachable, each non-billed counter admits at most this many more requests
+    # (never beyond its limit as this process knows it) ...
+    quota_degraded_overshoot: int = Field(default=10, ge=0)
+    # ... for at most this long; then every non-billed request is quota_unavailable until it is back.
+    quota_degraded_max_s: float = Field(default=5.0, ge=0)
 
 
 def check(settings: Settings) -> list[str]:
@@ -54,4 +66,8 @@ def check(settings: Settings) -> list[str]:
             raise ConfigError("STOA_AUTHZ_REQUIRED_SCOPES has a blank entry")
         if not settings.required_scopes:
             warnings.append("STOA_AUTHZ_REQUIRED_SCOPES is empty: only route scopes are required")
+    if not settings.database_url:
+        warnings.append(
+            "STOA_AUTHZ_DATABASE_URL is not set: subscribed requests are denied (quota_unavailable)"
+        )
     return warnings + site_warnings

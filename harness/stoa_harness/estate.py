@@ -221,7 +221,7 @@ class Estate(Lifecycle):
             credential=self.gateway_credential,
             authz=self.options.authz,
             link_env=self.options.link_env,
-            authz_env=self.options.authz_env,
+            authz_env={"STOA_AUTHZ_DATABASE_URL": self.database_url, **self.options.authz_env},
             proc=self.options.proc,
             proc_env=self.options.proc_env,
             mcp_env={

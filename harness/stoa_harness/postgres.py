@@ -159,6 +159,13 @@ class EmbeddedPostgres(Lifecycle):
             check=True,
         )
 
+    def resume(self) -> None:
+        """Start the server again after `stop_server()`: the same data, port and password, so the DSNs
+        given out before work again (for tests of what a client does while its database is down)."""
+        if self._running or self._tmp is None:
+            raise PostgresError("resume() follows stop_server()")
+        self._start_server(self.port)
+
     # -- use --------------------------------------------------------------------------------------
     @property
     def dsn(self) -> str:
@@ -260,12 +267,12 @@ class EmbeddedPostgres(Lifecycle):
         )
         pwfile.unlink()
 
-    def _start_server(self) -> None:
+    def _start_server(self, port: int = 0) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         last_error = ""
         # The free port can be taken between probe and bind; a few attempts make that race harmless.
         for _ in range(5):
-            self.port = free_port()
+            self.port = port or free_port()
             opts = (
                 f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self._dir} "
                 "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"

@@ -15,6 +15,7 @@ DENY_BODIES: dict[int, bytes] = {
     400: b'{"error":"bad_request","message":"The request could not be processed."}',
     401: b'{"error":"unauthorized","message":"Authentication is required."}',
     403: _DENIED,
+    429: b'{"error":"too_many_requests","message":"The quota of this plan is used up."}',
     503: _DENIED,
 }
 

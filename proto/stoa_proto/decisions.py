@@ -53,6 +53,8 @@ class Reason(StrEnum):
     INSUFFICIENT_SCOPE = "insufficient_scope"
     INVALID_KEY = "invalid_key"
     NO_SUBSCRIPTION = "no_subscription"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    QUOTA_UNAVAILABLE = "quota_unavailable"
     MALFORMED_REQUEST = "malformed_request"
     UNKNOWN_ROUTE = "unknown_route"
     POLICY_UNAVAILABLE = "policy_unavailable"
@@ -76,6 +78,10 @@ DENIALS: dict[Reason, tuple[int, str | None]] = {
     # An API key is not a bearer token: no challenge that would invite one.
     Reason.INVALID_KEY: (401, None),
     Reason.NO_SUBSCRIPTION: (403, None),
+    # With Retry-After (the window's reset) and the RateLimit fields.
+    Reason.QUOTA_EXCEEDED: (429, None),
+    # The count could not be made (billed: PostgreSQL unreachable; batched: degraded too long).
+    Reason.QUOTA_UNAVAILABLE: (503, None),
     Reason.MALFORMED_REQUEST: (400, None),
     Reason.UNKNOWN_ROUTE: (403, None),
     # The service cannot enforce: 503, whose body is identical to the 403's.

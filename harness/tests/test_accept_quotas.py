@@ -1,0 +1,148 @@
+"""Quotas through a real Envoy and the real `stoa-authz`, counted in a PostgreSQL of their own that
+the tests stop: a billed plan is exact under a concurrent burst and fails closed (503) without its
+database; a non-billed plan degrades within its overshoot and time, then denies; 429 carries
+Retry-After from the window's reset and the RateLimit fields."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from stoa_harness.estate import Estate, EstateOptions
+from stoa_harness.postgres import EmbeddedPostgres
+from stoa_harness.site import Site
+from stoa_harness.wait import wait_until
+from stoa_proto.bodies import DENY_BODIES
+
+TENANT = "metered"
+PATH = "/apis/meter/items"
+OVERSHOOT = 3
+DEGRADED_MAX_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def quota_pg() -> Iterator[EmbeddedPostgres]:
+    with EmbeddedPostgres() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def estate(quota_pg: EmbeddedPostgres, estates: Callable[..., Estate]) -> Estate:
+    options = EstateOptions(
+        authz="service",
+        authz_env={
+            "STOA_AUTHZ_AUDIENCE": "stoa-quotas",
+            "STOA_AUTHZ_DATABASE_URL": quota_pg.create_database("quotas"),
+            "STOA_AUTHZ_QUOTA_DEGRADED_OVERSHOOT": str(OVERSHOOT),
+            "STOA_AUTHZ_QUOTA_DEGRADED_MAX_S": str(DEGRADED_MAX_S),
+            "STOA_AUTHZ_QUOTA_TIMEOUT_S": "0.3",
+        },
+    )
+    running = estates(options, "estate-quotas")
+    admin = running.admin
+    admin.create_tenant(TENANT, exist_ok=True)
+    running.publish("meter", tenant_id=TENANT, auth={"mode": "api_key"})
+    plans = {"burst": (10, 300, True), "pair": (2, 60, True), "free": (1000, 60, False)}
+    for plan_id, (requests, window_seconds, billed) in plans.items():
+        admin.create_plan(
+            plan_id, tenant_id=TENANT, requests=requests, window_seconds=window_seconds, billed=billed
+        )
+    admin.wait_synced()
+    site(running).wait_authz_ready()
+    return running
+
+
+def site(estate: Estate) -> Site:
+    assert estate.site is not None
+    return estate.site
+
+
+def subscribed_key(estate: Estate, plan_id: str) -> str:
+    """A key of a new consumer subscribed to the API under `plan_id`."""
+    consumer = f"c-{plan_id}-{time.monotonic_ns()}"
+    estate.admin.create_consumer(consumer, tenant_id=TENANT)
+    estate.admin.subscribe(
+        f"s-{consumer}", tenant_id=TENANT, consumer_id=consumer, api_id="meter", plan_id=plan_id
+    )
+    key = str(estate.admin.create_key(consumer, tenant_id=TENANT)["key"])
+    estate.admin.wait_synced()
+    return key
+
+
+def get(estate: Estate, key: str) -> httpx.Response:
+    return estate.gateway.get(estate.url(PATH), headers={"x-api-key": key})
+
+
+def last_reason(estate: Estate) -> str:
+    return str(site(estate).authz_decisions()[-1]["reason"])
+
+
+def test_billed_quota_is_exact_under_a_concurrent_burst(estate: Estate) -> None:
+    key = subscribed_key(estate, "burst")
+    url = estate.url(PATH)
+    with (
+        httpx.Client(timeout=10, limits=httpx.Limits(max_connections=100)) as client,
+        ThreadPoolExecutor(100) as pool,
+    ):
+        statuses = list(
+            pool.map(lambda _: client.get(url, headers={"x-api-key": key}).status_code, range(100))
+        )
+    assert statuses.count(200) == 10, statuses
+    assert set(statuses) <= {200, 429, 503}
+    assert get(estate, key).status_code == 429
+
+
+def test_429_carries_retry_after_from_the_window_and_ratelimit_fields(estate: Estate) -> None:
+    key = subscribed_key(estate, "pair")
+    first = get(estate, key)
+    assert first.status_code == 200, first.text
+    assert first.headers["ratelimit-policy"] == '"pair";q=2;w=60'
+    remaining, reset = first.headers["ratelimit"].split(";")[1:]
+    assert remaining == "r=1"
+    assert 1 <= int(reset.removeprefix("t=")) <= 60
+    assert get(estate, key).status_code == 200
+    denied = get(estate, key)
+    assert denied.status_code == 429
+    assert denied.content == DENY_BODIES[429]
+    retry_after = int(denied.headers["retry-after"])
+    assert 1 <= retry_after <= 60
+    assert denied.headers["ratelimit"] == f'"pair";r=0;t={retry_after}'
+    # The window is the clock's 60-second slot: Retry-After is what is left of it.
+    assert abs(retry_after - (60 - time.time() % 60)) <= 2
+    assert last_reason(estate) == "quota_exceeded"
+
+
+def test_postgres_stopped_billed_503_non_billed_bounded_then_denied(
+    estate: Estate, quota_pg: EmbeddedPostgres
+) -> None:
+    billed = subscribed_key(estate, "burst")
+    spent, spare = subscribed_key(estate, "free"), subscribed_key(estate, "free")
+    assert get(estate, billed).status_code == 200
+    assert get(estate, spent).status_code == 200
+    degraded_before = len(site(estate).authz_events("quota flush failed: degraded mode"))
+    quota_pg.stop_server()
+    try:
+        unavailable = get(estate, billed)
+        assert unavailable.status_code == 503
+        assert unavailable.content == DENY_BODIES[503]
+        assert last_reason(estate) == "quota_unavailable"
+        wait_until(
+            lambda: len(site(estate).authz_events("quota flush failed: degraded mode")) > degraded_before,
+            5,
+            "the non-billed counters to notice",
+        )
+        degraded_at = time.monotonic()
+        statuses = [get(estate, spent).status_code for _ in range(OVERSHOOT + 2)]
+        assert statuses == [200] * OVERSHOOT + [503, 503]
+        assert get(estate, spare).status_code == 200
+        # Past the bounded time nothing is served, even by a counter with overshoot left.
+        time.sleep(max(0.0, degraded_at + DEGRADED_MAX_S + 0.2 - time.monotonic()))
+        assert get(estate, spare).status_code == 503
+        assert last_reason(estate) == "quota_unavailable"
+    finally:
+        quota_pg.resume()
+    wait_until(lambda: get(estate, billed).status_code == 200, 10, "billed counting again")
+    wait_until(lambda: get(estate, spare).status_code == 200, 10, "non-billed counting again")

@@ -1,0 +1,111 @@
+"""The counters' table and the connections to it (psycopg 3, a synchronous pool)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+import psycopg_pool
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS stoa_quota_counters (
+    key       text    NOT NULL,
+    window_s  integer NOT NULL,
+    window_n  bigint  NOT NULL,
+    used      bigint  NOT NULL,
+    PRIMARY KEY (key, window_s, window_n)
+)
+"""
+
+
+class QuotaUnavailable(Exception):
+    """The count could not be made (PostgreSQL unreachable, too slow, or degraded for too long)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One fixed window of `seconds`, the `number`-th since the epoch."""
+
+    seconds: int
+    number: int
+    reset_s: float  # seconds until it ends
+
+    @classmethod
+    def at(cls, seconds: int, now: float) -> Window:
+        number = math.floor(now / seconds)
+        return cls(seconds, number, (number + 1) * seconds - now)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    allowed: bool
+    limit: int
+    remaining: int
+    window: Window
+
+    @property
+    def reset_s(self) -> int:
+        """Whole seconds until the window resets (at least 1): the `Retry-After` of a denial."""
+        return max(1, math.ceil(self.window.reset_s))
+
+
+class QuotaStore:
+    """A pool of connections to the counters' database; creates the table when absent.
+
+    `timeout_s` bounds both waiting for a connection and each statement: a count that cannot be made
+    in that time is `QuotaUnavailable`, never a stuck caller thread.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        max_size: int = 4,
+        timeout_s: float = 0.5,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.clock = clock
+        self.timeout_s = timeout_s
+        statement_ms = max(1, int(timeout_s * 1000))
+        self.pool = psycopg_pool.ConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=max_size,
+            timeout=timeout_s,
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": max(1, math.ceil(timeout_s)),
+                "options": f"-c statement_timeout={statement_ms}",
+            },
+            open=False,
+            name="stoa-quota",
+        )
+
+    def open(self, wait_s: float | None = 10.0) -> QuotaStore:
+        """Open the pool; with `wait_s`, wait that long for a first connection and create the table."""
+        if wait_s is None:
+            self.pool.open(wait=False)
+        else:
+            self.pool.open(wait=True, timeout=wait_s)
+            self.execute(lambda conn: conn.execute(SCHEMA))
+        return self
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def execute(self, work: Callable[[psycopg.Connection], psycopg.Cursor]) -> list[tuple]:
+        """Run one statement on a pooled connection; its rows. Any failure is QuotaUnavailable.
+        A database without the table (first use, or down when the store opened) gets it here."""
+        try:
+            with self.pool.connection(timeout=self.timeout_s) as conn:
+                try:
+                    cursor = work(conn)
+                except psycopg.errors.UndefinedTable:
+                    conn.execute(SCHEMA)
+                    cursor = work(conn)
+                return cursor.fetchall() if cursor.description is not None else []
+        except (psycopg.Error, psycopg_pool.PoolTimeout, OSError) as exc:
+            raise QuotaUnavailable(type(exc).__name__) from exc
