@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import psycopg
-import psycopg_pool
+if TYPE_CHECKING:
+    import psycopg
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS stoa_quota_counters (
@@ -70,6 +72,11 @@ class QuotaStore:
         self.clock = clock
         self.timeout_s = timeout_s
         statement_ms = max(1, int(timeout_s * 1000))
+        # The driver is loaded by the first store: a service without a quota database never pays
+        # for it at start-up (every worker process would).
+        self._psycopg: Any = importlib.import_module("psycopg")
+        psycopg_pool: Any = importlib.import_module("psycopg_pool")
+        self._failures = (self._psycopg.Error, psycopg_pool.PoolTimeout, OSError)
         self.pool = psycopg_pool.ConnectionPool(
             dsn,
             min_size=1,
@@ -103,9 +110,9 @@ class QuotaStore:
             with self.pool.connection(timeout=self.timeout_s) as conn:
                 try:
                     cursor = work(conn)
-                except psycopg.errors.UndefinedTable:
+                except self._psycopg.errors.UndefinedTable:
                     conn.execute(SCHEMA)
                     cursor = work(conn)
                 return cursor.fetchall() if cursor.description is not None else []
-        except (psycopg.Error, psycopg_pool.PoolTimeout, OSError) as exc:
+        except self._failures as exc:
             raise QuotaUnavailable(type(exc).__name__) from exc
