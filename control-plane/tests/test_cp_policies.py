@@ -126,7 +126,7 @@ async def test_an_unsupported_type_is_422_naming_the_supported_ones(api, policy_
         assert error["field"] == "type"
         assert error["message"] == (
             f"{policy_type!r} is not a supported policy type "
-            "(supported: cors, rate_limit, ip_filter, guardrails, transform)"
+            "(supported: cors, rate_limit, ip_filter, guardrails, transform, opa)"
         )
     assert (await api.admin.get(f"/v1/tenants/{tenant_id}/policies")).json() == []
 

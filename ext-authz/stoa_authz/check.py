@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from envoy.config.core.v3.base_pb2 import Metadata
@@ -33,6 +34,7 @@ from stoa_authz.envelope import Envelope
 from stoa_authz.identify import LEEWAY_S, Identifier, Identity, bearer_token
 from stoa_authz.log import DecisionLog
 from stoa_authz.normalise import normalise
+from stoa_authz.opa import identity_input, neutral_input
 from stoa_authz.policy import PolicySet, PolicyStore, Route, Subscription
 from stoa_authz.quotas import Quotas
 from stoa_authz.reasons import Deny, Reason
@@ -61,6 +63,8 @@ class Decision:
     claims_prefix: str = ""
     # The subscription each request of this decision is counted against (jwt + subscription).
     subscription: Subscription | None = None
+    # The identity part of an OPA policy's input (routes with one only).
+    opa_identity: dict[str, Any] | None = None
 
 
 def request_id(http: AttributeContext.HttpRequest) -> str:
@@ -138,10 +142,23 @@ class Decider:
         if route is None or ext.get("tenant_id", route.tenant_id) != route.tenant_id:
             raise Deny(Reason.UNKNOWN_ROUTE)
         stripped = strip(headers, route.key_header)
+
+        def evaluate(identity: dict[str, Any]) -> None:
+            """The route's OPA policy, if any, after its own checks and before its quota."""
+            if route.opa is None:
+                return
+            document = neutral_input(
+                http.method, http.path, headers, route.key_header, (route.api_id, route.tenant_id), identity
+            )
+            if not route.opa.allows(document):
+                raise Deny(Reason.POLICY_DENIED)
+
         if route.auth_none:
+            evaluate(identity_input(None, None, (), None))
             return respond.allow(route.grant, stripped.inbound_identity)
         if route.key_header:
             grant, claims_prefix, sub = self._key_decision(stripped.api_key, route, policy)
+            evaluate(identity_input(route.tenant_id, None, (), sub.consumer_id))
             limits = self._quotas.take(route.tenant_id, sub)
             envelope = self._envelope.mint(claims_prefix, rid) if route.envelope else None
             return respond.allow(grant, stripped.inbound_identity, envelope, limits)
@@ -152,6 +169,8 @@ class Decider:
         if decision.denial is not None:
             raise Deny(decision.denial)
         assert decision.grant is not None
+        if decision.opa_identity is not None:
+            evaluate(decision.opa_identity)
         limits = (
             () if decision.subscription is None else self._quotas.take(route.tenant_id, decision.subscription)
         )
@@ -230,7 +249,10 @@ class Decider:
         grant = respond.grant(
             route.tenant_id, route.api_id, identity.subject, consumer, envelope=route.envelope
         )
-        return Decision(identity.expires_at, None, grant, prefix, held)
+        opa_identity = None
+        if route.opa is not None:
+            opa_identity = identity_input(identity.tenant, identity.subject, identity.scopes, consumer)
+        return Decision(identity.expires_at, None, grant, prefix, held, opa_identity)
 
 
 def subscription(policy: PolicySet, route: Route, consumer: str) -> Subscription:

@@ -16,8 +16,10 @@ from typing import Any
 from stoa_ops.policy_sets import KeptVersions, Refused
 from stoa_proto import authz_pb2, inventory_pb2
 from stoa_translate.jwks import KeySetError, VerificationKey, verification_keys_json
+from stoa_translate.rego import DEFAULT_ENTRYPOINT, RegoError
 
 from stoa_authz import respond
+from stoa_authz.opa import RegoPolicy
 
 
 class PolicyError(Refused):
@@ -60,6 +62,8 @@ class Route:
     key_header: str = ""
     # jwt routes: the token's consumer must hold an active subscription to the API.
     subscription: bool = False
+    # The route's OPA policy (every request must satisfy it), compiled at load.
+    opa: RegoPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +269,17 @@ def _compile_route(
         grant=respond.grant(route.tenant_id, route.api_id),
         key_header=route.key_header,
         subscription=route.subscription,
+        opa=_rego(route, where),
     )
+
+
+def _rego(route: authz_pb2.AuthzRoute, where: str) -> RegoPolicy | None:
+    if not route.HasField("opa"):
+        return None
+    try:
+        return RegoPolicy(route.route_id, route.opa.module, route.opa.entrypoint or DEFAULT_ENTRYPOINT)
+    except RegoError as exc:
+        raise PolicyError(f"{where}: OPA module does not compile: {exc}") from None
 
 
 class PolicyStore(KeptVersions[PolicySet]):

@@ -18,6 +18,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from joserfc import jws
 from joserfc.jwk import import_key
+from stoa_harness.cp_client import CPError
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
 from stoa_harness.site import Site
@@ -31,6 +32,27 @@ KEYED = "/apis/catalog/items"
 SUBSCRIBED = "/apis/basket/items"
 # The issue's bound on a revocation or a suspension reaching requests through Envoy.
 PROPAGATION_S = 2.0
+# Rego v1 on the gateway-neutral input: true, false, a string, or undefined by the query's `mode`.
+RULES = """package stoa
+
+decision := true if input.query.mode == ["allow"]
+
+decision := false if input.query.mode == ["deny"]
+
+decision := "yes" if input.query.mode == ["string"]
+
+decision := true if {
+    input.query.mode == ["who"]
+    input.identity.consumer == "acme"
+    input.identity.tenant == "shop"
+    input.api == {"id": "ruled", "tenant": "shop"}
+    input.method == "GET"
+    input.path_segments == ["apis", "ruled", "x"]
+    input.headers["x-trace"] == "t1"
+    not input.headers["x-api-key"]
+    not input.headers["x-stoa-consumer-id"]
+}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +76,15 @@ def estate(idp: DevIdentityProvider, estates: Callable[..., Estate]) -> Estate:
         admin.create_consumer(consumer, tenant_id=TENANT, client_ids=[client])
     admin.subscribe("acme-catalog", tenant_id=TENANT, consumer_id="acme", api_id="catalog", plan_id="free")
     admin.subscribe("acme-basket", tenant_id=TENANT, consumer_id="acme", api_id="basket", plan_id="free")
+    running.publish("ruled", tenant_id=TENANT, auth={"mode": "api_key"})
+    admin.subscribe("acme-ruled", tenant_id=TENANT, consumer_id="acme", api_id="ruled", plan_id="free")
+    admin.create_policy(
+        "ruled-opa",
+        "opa",
+        {"module": RULES, "entrypoint": "data.stoa.decision"},
+        tenant_id=TENANT,
+        targets=["ruled"],
+    )
     admin.wait_synced()
     site(running).wait_authz_ready()
     return running
@@ -245,3 +276,60 @@ def test_revocation_in_a_nacked_generation_still_applies(estate: Estate) -> None
             estate.admin.delete_issuer(TENANT, issuer["issuer_id"])
         estate.admin.wait_synced()
     assert ask().status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("mode", "status"),
+    [
+        pytest.param("allow", 200, id="true"),
+        pytest.param("who", 200, id="true-on-the-neutral-input"),
+        pytest.param("deny", 403, id="false"),
+        pytest.param("string", 403, id="not-a-boolean"),
+        pytest.param("other", 403, id="undefined"),
+    ],
+)
+def test_opa_policy_allows_only_on_true(estate: Estate, mode: str, status: int) -> None:
+    key = new_key(estate)["key"]
+    estate.upstream.clear()
+    headers = [("x-api-key", key), ("x-trace", "t1"), ("x-stoa-consumer-id", "forged")]
+    reply = get(estate, "/apis/ruled/x", headers, f"?mode={mode}")
+    assert reply.status_code == status, reply.text
+    if status == 403:
+        assert reply.content == DENY_BODIES[403]
+        assert last_reason(estate) == "policy_denied"
+        assert estate.upstream.arrivals() == []
+    else:
+        [arrival] = estate.upstream.arrivals()
+        assert arrival.header("x-stoa-consumer-id") == "acme"
+
+
+async def store_policy_unchecked(database_url: str, module: str) -> None:
+    """An OPA policy written past the CP's rules, as one stored before them would be."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "INSERT INTO policies (policy_id, type, config, scope, targets, tenant_id)"
+            " VALUES ('broken-opa', 'opa', $1::jsonb, 'api', '{basket}', $2)",
+            json.dumps({"module": module}),
+            TENANT,
+        )
+    finally:
+        await conn.close()
+
+
+def test_opa_module_that_does_not_compile_is_refused_at_the_cp_and_at_the_site(estate: Estate) -> None:
+    broken = "package stoa\nallow if {"
+    with pytest.raises(CPError) as refused:
+        estate.admin.create_policy(
+            "broken-opa", "opa", {"module": broken}, tenant_id=TENANT, targets=["basket"]
+        )
+    assert (refused.value.status_code, refused.value.fields) == (422, ["config.module"])
+    asyncio.run(store_policy_unchecked(estate.database_url, broken))
+    estate.admin.create_consumer("nudge", tenant_id=TENANT)  # a new generation carries it to the site
+    try:
+        status = estate.admin.wait_failed()
+        assert "does not compile" in status["last_report"]["detail"]
+    finally:
+        estate.admin.delete_policy("broken-opa", tenant_id=TENANT)
+        estate.admin.delete_consumer("nudge", tenant_id=TENANT)
+        estate.admin.wait_synced()

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AuthzRoute(_message.Message):
-    __slots__ = ("route_id", "tenant_id", "api_id", "auth_mode", "scopes", "verified_by_envoy", "envelope", "key_header", "subscription")
+    __slots__ = ("route_id", "tenant_id", "api_id", "auth_mode", "scopes", "verified_by_envoy", "envelope", "key_header", "subscription", "opa")
     ROUTE_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     API_ID_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class AuthzRoute(_message.Message):
     ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     KEY_HEADER_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    OPA_FIELD_NUMBER: _ClassVar[int]
     route_id: str
     tenant_id: str
     api_id: str
@@ -27,7 +28,8 @@ class AuthzRoute(_message.Message):
     envelope: bool
     key_header: str
     subscription: bool
-    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., verified_by_envoy: _Optional[bool] = ..., envelope: _Optional[bool] = ..., key_header: _Optional[str] = ..., subscription: _Optional[bool] = ...) -> None: ...
+    opa: _inventory_pb2.OpaPolicy
+    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., verified_by_envoy: _Optional[bool] = ..., envelope: _Optional[bool] = ..., key_header: _Optional[str] = ..., subscription: _Optional[bool] = ..., opa: _Optional[_Union[_inventory_pb2.OpaPolicy, _Mapping]] = ...) -> None: ...
 
 class AuthzPolicySet(_message.Message):
     __slots__ = ("name", "version", "gateway_id", "generation", "routes", "issuers", "consumers", "subscriptions", "revoked_key_sha256")

@@ -55,6 +55,7 @@ class Reason(StrEnum):
     NO_SUBSCRIPTION = "no_subscription"
     QUOTA_EXCEEDED = "quota_exceeded"
     QUOTA_UNAVAILABLE = "quota_unavailable"
+    POLICY_DENIED = "policy_denied"
     MALFORMED_REQUEST = "malformed_request"
     UNKNOWN_ROUTE = "unknown_route"
     POLICY_UNAVAILABLE = "policy_unavailable"
@@ -80,6 +81,8 @@ DENIALS: dict[Reason, tuple[int, str | None]] = {
     Reason.NO_SUBSCRIPTION: (403, None),
     # With Retry-After (the window's reset) and the RateLimit fields.
     Reason.QUOTA_EXCEEDED: (429, None),
+    # The route's OPA policy did not say true.
+    Reason.POLICY_DENIED: (403, None),
     # The count could not be made (billed: PostgreSQL unreachable; batched: degraded too long).
     Reason.QUOTA_UNAVAILABLE: (503, None),
     Reason.MALFORMED_REQUEST: (400, None),

@@ -108,7 +108,7 @@ class Subscription(_message.Message):
     def __init__(self, tenant_id: _Optional[str] = ..., subscription_id: _Optional[str] = ..., consumer_id: _Optional[str] = ..., api_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., active: _Optional[bool] = ..., requests: _Optional[int] = ..., window_seconds: _Optional[int] = ..., billed: _Optional[bool] = ...) -> None: ...
 
 class Policy(_message.Message):
-    __slots__ = ("policy_id", "type", "scope", "targets", "tenant_id", "applicable", "cors", "rate_limit", "ip_filter", "guardrails", "transform")
+    __slots__ = ("policy_id", "type", "scope", "targets", "tenant_id", "applicable", "cors", "rate_limit", "ip_filter", "guardrails", "transform", "opa")
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,7 @@ class Policy(_message.Message):
     IP_FILTER_FIELD_NUMBER: _ClassVar[int]
     GUARDRAILS_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_FIELD_NUMBER: _ClassVar[int]
+    OPA_FIELD_NUMBER: _ClassVar[int]
     policy_id: str
     type: str
     scope: str
@@ -131,7 +132,8 @@ class Policy(_message.Message):
     ip_filter: IpFilterPolicy
     guardrails: _proc_pb2.Guardrails
     transform: _proc_pb2.Transform
-    def __init__(self, policy_id: _Optional[str] = ..., type: _Optional[str] = ..., scope: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., tenant_id: _Optional[str] = ..., applicable: _Optional[_Iterable[str]] = ..., cors: _Optional[_Union[CorsPolicy, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimitPolicy, _Mapping]] = ..., ip_filter: _Optional[_Union[IpFilterPolicy, _Mapping]] = ..., guardrails: _Optional[_Union[_proc_pb2.Guardrails, _Mapping]] = ..., transform: _Optional[_Union[_proc_pb2.Transform, _Mapping]] = ...) -> None: ...
+    opa: OpaPolicy
+    def __init__(self, policy_id: _Optional[str] = ..., type: _Optional[str] = ..., scope: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., tenant_id: _Optional[str] = ..., applicable: _Optional[_Iterable[str]] = ..., cors: _Optional[_Union[CorsPolicy, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimitPolicy, _Mapping]] = ..., ip_filter: _Optional[_Union[IpFilterPolicy, _Mapping]] = ..., guardrails: _Optional[_Union[_proc_pb2.Guardrails, _Mapping]] = ..., transform: _Optional[_Union[_proc_pb2.Transform, _Mapping]] = ..., opa: _Optional[_Union[OpaPolicy, _Mapping]] = ...) -> None: ...
 
 class CorsPolicy(_message.Message):
     __slots__ = ("allowed_origins", "allowed_methods", "allowed_headers", "expose_headers", "max_age", "allow_credentials")
@@ -148,6 +150,14 @@ class CorsPolicy(_message.Message):
     max_age: int
     allow_credentials: bool
     def __init__(self, allowed_origins: _Optional[_Iterable[str]] = ..., allowed_methods: _Optional[_Iterable[str]] = ..., allowed_headers: _Optional[_Iterable[str]] = ..., expose_headers: _Optional[_Iterable[str]] = ..., max_age: _Optional[int] = ..., allow_credentials: _Optional[bool] = ...) -> None: ...
+
+class OpaPolicy(_message.Message):
+    __slots__ = ("module", "entrypoint")
+    MODULE_FIELD_NUMBER: _ClassVar[int]
+    ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
+    module: str
+    entrypoint: str
+    def __init__(self, module: _Optional[str] = ..., entrypoint: _Optional[str] = ...) -> None: ...
 
 class RateLimitPolicy(_message.Message):
     __slots__ = ("max_requests", "interval_seconds")

@@ -153,7 +153,7 @@ def _chain(site: SiteIR, options: TranslateOptions) -> list[tuple[str, message.M
         if any(r.placement == placement.ENVOY for r in verified):
             configs[CLAIMS_RBAC_FILTER] = rbac_pb2.RBAC()
     for kind in KINDS.values():
-        if site.needs(kind.name):
+        if kind.listener_filter is not None and site.needs(kind.name):
             configs[kind.filter_name] = kind.listener_filter()
     if site.needs_request_buffer():
         configs[BUFFER_FILTER] = buffer_filter()

@@ -39,6 +39,7 @@ def _route_entry(r: RouteIR) -> bytes:
                 envelope=r.envelope,
                 key_header=r.key_header,
                 subscription=r.subscription,
+                opa=r.policy("opa").message() if r.policy("opa") else None,
             )
         ]
     ).SerializeToString()

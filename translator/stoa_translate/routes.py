@@ -126,6 +126,8 @@ def per_route_configs(route: RouteIR, options: TranslateOptions) -> dict[str, an
     kinds: dict[str, message.Message] = {}
     for name, ir in route.policies:
         kind = KINDS[name]
+        if kind.route_config is None:
+            continue  # decided by the authorization service from its policy set, no filter config
         config = kind.route_config(route.route_id, ir)
         # Kinds served by the processing service share its filter: one config with the union of phases.
         shared = kinds.get(kind.filter_name)

@@ -453,3 +453,17 @@ def test_cors_origin_forms(allowed: str, origin: str, matches: bool) -> None:
     else:
         # Envoy's safe_regex must match the whole origin; these patterns mean the same in RE2 and re.
         assert (re.fullmatch(matcher.safe_regex.regex, origin) is not None) is matches
+
+
+def test_opa_module_compiles_or_is_refused_naming_the_module() -> None:
+    from stoa_translate.policies import ConfigError, accept_json
+
+    module = 'package stoa\n\nallow if input.method == "GET"\n'
+    assert accept_json("opa", "p1", {"module": module}) == {"module": module, "entrypoint": "data.stoa.allow"}
+    with pytest.raises(ConfigError) as broken:
+        accept_json("opa", "p1", {"module": "package stoa\nallow if {"})
+    assert broken.value.field == "module"
+    assert "does not compile" in broken.value.message
+    with pytest.raises(ConfigError) as entry:
+        accept_json("opa", "p1", {"module": module, "entrypoint": "stoa.allow"})
+    assert entry.value.field == "entrypoint"

@@ -43,12 +43,13 @@ def verifiable_tenants(issuers: Iterable[IssuerIR]) -> frozenset[str]:
 def place(route: RouteIR, verifiable: frozenset[str], options: TranslateOptions) -> str:
     if options.decision_placement == "service" or not options.audience:
         return SERVICE
+    # Keys, consumers, subscriptions and OPA policies are only known to the service.
+    by_service = route.policy("opa") is not None
     if route.auth_mode == "none":
-        return ENVOY
-    # Keys, consumers and subscriptions are only known to the service.
+        return SERVICE if by_service else ENVOY
     if route.key_header or route.tenant_id not in verifiable:
         return SERVICE
-    return SERVICE_VERIFIED_TOKEN if route.envelope or route.subscription else ENVOY
+    return SERVICE_VERIFIED_TOKEN if by_service or route.envelope or route.subscription else ENVOY
 
 
 def placed(site: SiteIR, options: TranslateOptions) -> SiteIR:

@@ -41,7 +41,11 @@ class PolicyKind:
     - `route_config`: (route id, IR) → the typed_per_filter_config it puts on that route's entries;
     - `extra_methods`: methods a method-constrained route must also match while the kind applies;
     - `list_limits`: its lists bounded by a limit of their own (JSON key → `limits.ListLimits`
-      attribute); any other list of its config is bounded by `entries`.
+      attribute); any other list of its config is bounded by `entries`;
+    - `long_text`: keys whose text may be as long as a document (a Rego module), not one entry.
+
+    A kind decided wholly by the authorization service (its config travels in the service's policy
+    set) has no filter: `filter_name` empty, `listener_filter` and `route_config` None.
     """
 
     name: str
@@ -49,10 +53,11 @@ class PolicyKind:
     message: type[message.Message]
     parse: Callable[[str, Any], Any]
     normalised: Callable[[Any], message.Message]
-    listener_filter: Callable[[], message.Message]
-    route_config: Callable[[str, Any], message.Message]
+    listener_filter: Callable[[], message.Message] | None
+    route_config: Callable[[str, Any], message.Message] | None
     extra_methods: tuple[str, ...] = ()
     list_limits: Mapping[str, str] = field(default_factory=dict)
+    long_text: frozenset[str] = frozenset()
 
 
 def read_config(kind: PolicyKind, config: object, limits: ListLimits = DEFAULT_LIMITS) -> message.Message:
@@ -113,7 +118,11 @@ def _read(typed: message.Message, config: Mapping[str, Any], context: _Context, 
                 _text(f"{key}[{i}]", entry)
             getattr(typed, field.name).extend(value)
         else:
-            setattr(typed, field.name, _scalar(key, field, value))
+            setattr(
+                typed,
+                field.name,
+                _scalar(key, field, value, MAX_DOCUMENT if key in context.kind.long_text else MAX_TEXT),
+            )
 
 
 def _string_map(target: Any, key: str, value: Mapping[str, Any]) -> None:
@@ -141,19 +150,21 @@ def _message(target: message.Message, key: str, value: object, context: _Context
     _read(target, value, context, f"{key}.")
 
 
-def _text(key: str, value: str) -> str:
-    if len(value) > MAX_TEXT:
-        raise ConfigError(key, f"must be at most {MAX_TEXT} characters")
-    if not value.isprintable():
+def _text(key: str, value: str, limit: int = MAX_TEXT) -> str:
+    if len(value) > limit:
+        raise ConfigError(key, f"must be at most {limit} characters")
+    # A document keeps its line structure; anything else is one printable line.
+    lines = value.replace("\t", " ").split("\n") if limit > MAX_TEXT else [value]
+    if not all(line.isprintable() for line in lines):
         raise ConfigError(key, "must not contain control characters")
     return value
 
 
-def _scalar(key: str, field: FieldDescriptor, value: object) -> Any:
+def _scalar(key: str, field: FieldDescriptor, value: object, limit: int = MAX_TEXT) -> Any:
     if field.type == FieldDescriptor.TYPE_STRING:
         if not isinstance(value, str):
             raise ConfigError(key, "must be a string")
-        return _text(key, value)
+        return _text(key, value, limit)
     if field.type == FieldDescriptor.TYPE_BOOL:
         if not isinstance(value, bool):
             raise ConfigError(key, "must be true or false")
