@@ -150,7 +150,9 @@ async def test_not_ready_until_policy_set_then_allows(ads_server, services, idp,
     async def not_ready():
         return (await service.ready()).status_code == 503 and await service.health() == not_serving
 
-    await wait_until_async(not_ready, 30, "service up and not ready")
+    # Two workers each import the whole service: ~10 s on a loaded 2-core machine, over 30 s at a load
+    # average of 10 (a deadline, not a sleep: it costs nothing when the start is quick).
+    await wait_until_async(not_ready, 90, "service up and not ready")
     token = idp.mint(tenant="acme", scope="orders:read", sub="subject-zx81")
     headers = {"authorization": f"Bearer {token}", "x-stoa-tenant-id": "forged"}
     assert (await service.check(req(headers))).denied_response.status.code == 503
