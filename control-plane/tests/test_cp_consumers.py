@@ -195,3 +195,90 @@ async def test_another_tenants_admin_gets_404(api, estate, idp, cp) -> None:
     own = idp.role_token("tenant_admin", tenant=tenant)
     async with cp.bearer(own) as client:
         assert (await client.post(f"/v1/tenants/{tenant}/consumers/mine/keys")).status_code == 201
+
+
+async def test_ids_are_unique_within_their_tenant_and_deletes_are_204(api, estate) -> None:
+    tenant, gateway = estate["tenant"], estate["gateway"]
+    base = f"/v1/tenants/{tenant}"
+    for path, body in (
+        ("consumers", {"consumer_id": "c", "name": "C"}),
+        ("consumers", {"consumer_id": "c2", "name": "C2"}),
+        ("plans", {"plan_id": "p", "requests": 5, "window_seconds": 60}),
+        (
+            "subscriptions",
+            {"subscription_id": "s", "consumer_id": "c", "api_id": estate["api"], "plan_id": "p"},
+        ),
+    ):
+        created = await api.admin.post(f"{base}/{path}", json=body)
+        assert created.status_code == 201, created.text
+        assert {k: created.json()[k] for k in body} == body
+    for path, body, field in (
+        ("consumers", {"consumer_id": "c", "name": "again"}, "consumer_id"),
+        ("plans", {"plan_id": "p", "requests": 1, "window_seconds": 1}, "plan_id"),
+        (
+            "subscriptions",
+            {"subscription_id": "s", "consumer_id": "c2", "api_id": estate["api"], "plan_id": "p"},
+            "subscription_id",
+        ),
+    ):
+        clash = await api.admin.post(f"{base}/{path}", json=body)
+        assert clash.status_code == 409, clash.text
+        assert [e["field"] for e in clash.json()["errors"]] == [field]
+    assert [c["name"] for c in (await api.admin.get(f"{base}/consumers")).json()] == ["C", "C2"]
+    # Another tenant has its own ids.
+    other = await api.tenant()
+    await api.client.create_consumer("c", tenant_id=other)
+    await api.client.create_plan("p", tenant_id=other, requests=1, window_seconds=1)
+
+    # A plan's new figures reach the site with the subscriptions using it: a new generation.
+    before = await api.generation(gateway)
+    updated = await api.admin.put(
+        f"{base}/plans/p", json={"requests": 7, "window_seconds": 30, "billed": True}
+    )
+    assert updated.status_code == 200, updated.text
+    assert await api.generation(gateway) == before + 1
+    [delivered] = (await api.inventory(gateway, estate["credential"]))["subscriptions"]
+    assert (delivered["requests"], delivered["window_seconds"], delivered["billed"]) == (7, 30, True)
+
+    key = await api.client.create_key("c", tenant_id=tenant)
+    for path in (f"consumers/c/keys/{key['key_id']}", "subscriptions/s", "plans/p", "consumers/c"):
+        deleted = await api.admin.delete(f"{base}/{path}")
+        assert deleted.status_code == 204, (path, deleted.text)
+        assert deleted.content == b""
+    assert (await api.admin.get(f"{base}/consumers/c")).status_code == 404
+
+
+async def test_viewers_only_read_and_every_write_is_audited_by_id(api, estate, idp, cp) -> None:
+    tenant = estate["tenant"]
+    base = f"/v1/tenants/{tenant}"
+    async with cp.bearer(idp.role_token("tenant_admin", tenant=tenant, sub="carol")) as admin:
+        assert (
+            await admin.post(f"{base}/consumers", json={"consumer_id": "a", "name": "A"})
+        ).status_code == 201
+        key = (await admin.post(f"{base}/consumers/a/keys")).json()
+        plan = await admin.post(f"{base}/plans", json={"plan_id": "p", "requests": 1, "window_seconds": 1})
+        assert plan.status_code == 201
+        entries = (await admin.get("/v1/audit")).json()
+    async with cp.bearer(idp.role_token("viewer", tenant=tenant)) as viewer:
+        assert [c["consumer_id"] for c in (await viewer.get(f"{base}/consumers")).json()] == ["a"]
+        assert [k["key_id"] for k in (await viewer.get(f"{base}/consumers/a/keys")).json()] == [key["key_id"]]
+        for method, path in (
+            ("POST", f"{base}/consumers/a/keys"),
+            ("DELETE", f"{base}/consumers/a/keys/{key['key_id']}"),
+            ("DELETE", f"{base}/plans/p"),
+            ("PUT", f"{base}/plans/p"),
+        ):
+            refused = await viewer.request(method, path, json={"requests": 9, "window_seconds": 9})
+            assert refused.status_code == 403, (method, path, refused.text)
+    # Nothing a viewer was refused happened.
+    assert [k["revoked_at"] for k in await api.client.keys("a", tenant_id=tenant)] == [None]
+    assert (await api.admin.get(f"{base}/plans/p")).json()["requests"] == 1
+    mine = [e for e in reversed(entries) if e["subject"] == "carol"]  # newest first
+    assert [(e["method"], e["path"], e["status"]) for e in mine[-3:]] == [
+        ("POST", f"{base}/consumers", 201),
+        ("POST", f"{base}/consumers/a/keys", 201),
+        ("POST", f"{base}/plans", 201),
+    ]
+    assert mine[-2]["object_ids"] == {"tenant_id": tenant, "consumer_id": "a", "key_id": key["key_id"]}
+    assert mine[-2]["tenant_id"] == tenant
+    assert key["key"] not in str(entries)
