@@ -56,6 +56,7 @@ class BatchedCounter:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, int, int], _Count] = {}
         self._failing_since: float | None = None
+        self._expiry_told = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stoa-quota-flush", daemon=True)
 
@@ -113,7 +114,12 @@ class BatchedCounter:
                     count.inflight = 0
                 if self._failing_since is None:
                     self._failing_since = now
+                    self._expiry_told = False
                     log.warning("quota flush failed: degraded mode", extra={"error": str(exc)})
+                elif not self._expiry_told and now - self._failing_since > self._degraded.max_s:
+                    # Said once, by the flusher: from here on `take` refuses every request.
+                    self._expiry_told = True
+                    log.warning("quota degraded mode expired: denying", extra={"error": str(exc)})
             return
         with self._lock:
             totals = {(row[0], row[1], row[2]): int(row[3]) for row in rows}

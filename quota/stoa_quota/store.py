@@ -79,7 +79,9 @@ class QuotaStore:
         self._failures = (self._psycopg.Error, psycopg_pool.PoolTimeout, OSError)
         self.pool = psycopg_pool.ConnectionPool(
             dsn,
-            min_size=1,
+            # Every connection opened at start (in the background): a caller's first burst never
+            # waits for connections being made, which on a loaded machine can outlast `timeout_s`.
+            min_size=max_size,
             max_size=max_size,
             timeout=timeout_s,
             kwargs={
