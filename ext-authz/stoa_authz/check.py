@@ -251,7 +251,10 @@ class Decider:
         )
         opa_identity = None
         if route.opa is not None:
-            opa_identity = identity_input(identity.tenant, identity.subject, identity.scopes, consumer)
+            # The policy sees the token's consumer even where no subscription is required (only it:
+            # the grant, and so the upstream's headers, stay those of a route without consumers).
+            known = consumer or policy.clients.get((route.tenant_id, identity.client_id or ""))
+            opa_identity = identity_input(identity.tenant, identity.subject, identity.scopes, known)
         return Decision(identity.expires_at, None, grant, prefix, held, opa_identity)
 
 

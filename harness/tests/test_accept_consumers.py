@@ -52,6 +52,16 @@ decision := true if {
     not input.headers["x-api-key"]
     not input.headers["x-stoa-consumer-id"]
 }
+
+decision := true if {
+    input.query.mode == ["token"]
+    input.identity.tenant == "shop"
+    input.identity.subject == "alice"
+    input.identity.scopes == ["a:read", "b:write"]
+    input.identity.consumer == "acme"
+    input.api.id == "ruled-jwt"
+    not input.headers.authorization
+}
 """
 
 
@@ -77,13 +87,14 @@ def estate(idp: DevIdentityProvider, estates: Callable[..., Estate]) -> Estate:
     admin.subscribe("acme-catalog", tenant_id=TENANT, consumer_id="acme", api_id="catalog", plan_id="free")
     admin.subscribe("acme-basket", tenant_id=TENANT, consumer_id="acme", api_id="basket", plan_id="free")
     running.publish("ruled", tenant_id=TENANT, auth={"mode": "api_key"})
+    running.publish("ruled-jwt", tenant_id=TENANT, auth={"mode": "jwt"})
     admin.subscribe("acme-ruled", tenant_id=TENANT, consumer_id="acme", api_id="ruled", plan_id="free")
     admin.create_policy(
         "ruled-opa",
         "opa",
         {"module": RULES, "entrypoint": "data.stoa.decision"},
         tenant_id=TENANT,
-        targets=["ruled"],
+        targets=["ruled", "ruled-jwt"],
     )
     admin.wait_synced()
     site(running).wait_authz_ready()
@@ -301,6 +312,21 @@ def test_opa_policy_allows_only_on_true(estate: Estate, mode: str, status: int) 
     else:
         [arrival] = estate.upstream.arrivals()
         assert arrival.header("x-stoa-consumer-id") == "acme"
+
+
+def test_opa_policy_sees_a_tokens_identity_and_consumer(estate: Estate, idp: DevIdentityProvider) -> None:
+    """On a JWT route without subscriptions the policy still sees the consumer of the token's client."""
+    estate.upstream.clear()
+    acme = idp.mint(tenant=TENANT, azp="acme-app", sub="alice", scope="b:write a:read")
+    reply = get(estate, "/apis/ruled-jwt/x", [("authorization", f"Bearer {acme}")], "?mode=token")
+    assert reply.status_code == 200, reply.text
+    [arrival] = estate.upstream.arrivals()
+    assert arrival.header("x-stoa-subject") == "alice"
+    idle = idp.mint(tenant=TENANT, azp="idle-app", sub="alice", scope="b:write a:read")
+    refused = get(estate, "/apis/ruled-jwt/x", [("authorization", f"Bearer {idle}")], "?mode=token")
+    assert refused.status_code == 403
+    assert last_reason(estate) == "policy_denied"
+    assert len(estate.upstream.arrivals()) == 1
 
 
 async def store_policy_unchecked(database_url: str, module: str) -> None:
