@@ -1,12 +1,14 @@
 """`python -m stoa_harness.bench`: every scenario in one estate, then the report.
 
-Order: data path (one route) → churn (100 routes) → publication ladder 100 / 1,000 / 3,000 routes
+Order: data path (one route) → consumers (key, billed-quota and OPA routes against the plain JWT
+route; revocation propagation) → churn (100 routes) → publication ladder 100 / 1,000 / 3,000 routes
 (footprint at 5,000) / 10,000, then the 1-route change and the full publication at 10,000.
 `BENCH_QUICK=1`: the same route counts and report keys, fewer repetitions and shorter load phases
 (under 5 minutes on 2 cores). Results go to `bench/results/<date>/` at the repository root
 (`BENCH_RESULTS_DIR` overrides), and the summary table is printed.
 `BENCH_ONLY=data_path`: the data-path scenario alone (for work on the authorization hop); it writes
 `data_path.json` (the `data_path` section of the report) instead of the full report.
+`BENCH_ONLY=consumers`: the consumers scenario alone; it writes `consumers.json`.
 `BENCH_ONLY=publication`: the publication ladder alone (with the footprint taken on the way); it writes
 `publication.json`. `BENCH_RUN_DIR=DIR` keeps the estate's logs (CP, Link, Envoy) in DIR.
 `BENCH_ONLY=mcp`: a `tools/call` through Envoy, stoa-authz and stoa-mcp against a direct call of its API
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stoa_harness.bench import churn, data_path, footprint, mcp_call, publication, report
+from stoa_harness.bench import churn, consumers, data_path, footprint, mcp_call, publication, report
 from stoa_harness.bench.rig import Rig
 
 REPO = Path(__file__).resolve().parents[3]
@@ -52,7 +54,9 @@ FULL = Plan(
 QUICK = Plan(quick=True, reps=3, load_s=2, one_conn_s=2, publications=5, changes=3, full=2, rest_window_s=3)
 
 
-def run(plan: Plan, run_dir: Path, only: tuple[str, ...] = ("data_path", "churn")) -> dict[str, Any]:
+def run(
+    plan: Plan, run_dir: Path, only: tuple[str, ...] = ("data_path", "consumers", "churn")
+) -> dict[str, Any]:
     started = time.monotonic()
     phases: dict[str, float] = {}
     out: dict[str, Any] = {}
@@ -64,6 +68,11 @@ def run(plan: Plan, run_dir: Path, only: tuple[str, ...] = ("data_path", "churn"
                 rig, reps=plan.reps, duration_s=plan.load_s, one_conn_duration_s=plan.one_conn_s
             )
             phases["data_path"], mark = time.monotonic() - mark, time.monotonic()
+        if "consumers" in only:
+            out["consumers"] = consumers.run(
+                rig, reps=plan.reps, duration_s=plan.load_s, one_conn_duration_s=plan.one_conn_s
+            )
+            phases["consumers"], mark = time.monotonic() - mark, time.monotonic()
         if "churn" in only:
             out["churn"] = churn.run(rig)
             phases["churn"], mark = time.monotonic() - mark, time.monotonic()
@@ -110,28 +119,42 @@ def run_data_path(plan: Plan, run_dir: Path, target: Path) -> None:
     print(f"data path: {target / 'data_path.json'}")
 
 
+def run_consumers(plan: Plan, run_dir: Path, target: Path) -> None:
+    with Rig(run_dir) as rig:
+        result = consumers.run(
+            rig, reps=plan.reps, duration_s=plan.load_s, one_conn_duration_s=plan.one_conn_s
+        )
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "consumers.json").write_text(json.dumps(result, indent=2))
+    print(report.consumers_markdown(result))
+    print(f"consumers: {target / 'consumers.json'}")
+
+
 def main() -> int:
     plan = QUICK if os.environ.get("BENCH_QUICK", "") not in ("", "0") else FULL
     date = datetime.date.today().isoformat()
     target = Path(os.environ.get("BENCH_RESULTS_DIR") or REPO / "bench" / "results" / date)
     only = os.environ.get("BENCH_ONLY", "")
-    if only not in ("", "data_path", "publication", "mcp"):
-        print(f"BENCH_ONLY={only!r}: only 'data_path', 'publication' or 'mcp' can run alone", file=sys.stderr)
+    if only not in ("", "data_path", "consumers", "publication", "mcp"):
+        print(
+            f"BENCH_ONLY={only!r}: only 'data_path', 'consumers', 'publication' or 'mcp' can run alone",
+            file=sys.stderr,
+        )
         return 2
     if only == "mcp":
         return mcp_call.main()
-    if only == "data_path":
-        with tempfile.TemporaryDirectory(prefix="stoa-bench-") as tmp:
-            run_data_path(plan, Path(tmp), target)
-        return 0
     keep = os.environ.get("BENCH_RUN_DIR", "")
+    if only in ("data_path", "consumers"):
+        with tempfile.TemporaryDirectory(prefix="stoa-bench-") as tmp:
+            (run_data_path if only == "data_path" else run_consumers)(plan, Path(keep or tmp), target)
+        return 0
     with contextlib.ExitStack() as stack:
         run_dir = (
             Path(keep)
             if keep
             else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="stoa-bench-")))
         )
-        results = run(plan, run_dir, () if only else ("data_path", "churn"))
+        results = run(plan, run_dir, () if only else ("data_path", "consumers", "churn"))
     results = {"date": date, "quick": plan.quick, "environment": report.environment(REPO), **results}
     if only == "publication":
         target.mkdir(parents=True, exist_ok=True)

@@ -73,14 +73,27 @@ def _split(
     return result, split, after["authz"].seconds - before["authz"].seconds
 
 
-def _authz_phase(
-    rig: Rig, tokens: list[str], connections: int, duration_s: float, checker: int | None = None
+def authz_phase(
+    rig: Rig,
+    tokens: list[str],
+    connections: int,
+    duration_s: float,
+    checker: int | None = None,
+    *,
+    path: str = PATH,
+    credential_header: str = "authorization",
 ) -> dict[str, Any]:
+    """wrk on a route of the Link's listener; with the Checks it made and the authz CPU per Check."""
     checks0 = rig.ext_authz_checks()
     result, split, authz_cpu = _split(
         rig,
         lambda: run_wrk(
-            rig.gateway_url, paths=[PATH], tokens=tokens, connections=connections, duration_s=duration_s
+            rig.gateway_url,
+            paths=[path],
+            tokens=tokens,
+            credential_header=credential_header,
+            connections=connections,
+            duration_s=duration_s,
         ),
         checker,
     )
@@ -105,7 +118,7 @@ def _proxy_phase(rig: Rig, tokens: list[str], connections: int, duration_s: floa
     return {**result.as_dict(), "cpu_split": split}
 
 
-def _check_clean(name: str, phase: dict[str, Any]) -> None:
+def check_clean(name: str, phase: dict[str, Any]) -> None:
     if phase["non_2xx"] or phase["socket_errors"]:
         raise AssertionError(
             f"{name}: {phase['non_2xx']} non-2xx, {phase['socket_errors']} socket errors"
@@ -168,8 +181,8 @@ def _beside_the_service(
         rig.relink(EXT_AUTHZ_ADDRESS=address)
         for _ in range(reps):
             proxy = _proxy_phase(rig, cached, CONNECTIONS, duration_s)
-            phase = _authz_phase(rig, cached, CONNECTIONS, duration_s, checker=noop.pid)
-            _check_clean("noop_check", phase)
+            phase = authz_phase(rig, cached, CONNECTIONS, duration_s, checker=noop.pid)
+            check_clean("noop_check", phase)
             phase["ratio"] = phase["rps"] / proxy["rps"]
             variants.setdefault("noop_check", []).append(phase)
         rig.relink(EXT_AUTHZ_ADDRESS=service_address, DECISION_PLACEMENT="auto")
@@ -179,7 +192,7 @@ def _beside_the_service(
         variants.setdefault("proxy_only_native", []).append(proxy)
         for name, tokens in (("native_cached", cached), ("native_uncached", uncached)):
             phase = _native_phase(rig, tokens, CONNECTIONS, duration_s)
-            _check_clean(name, phase)
+            check_clean(name, phase)
             phase["ratio"] = phase["rps"] / proxy["rps"]
             variants.setdefault(name, []).append(phase)
         one_conn.append(_one_conn_added(rig, cached, one_conn_s, "native", _native_phase))
@@ -208,16 +221,16 @@ def run(rig: Rig, *, reps: int, duration_s: float, one_conn_duration_s: float) -
         )  # warm-up
         for _ in range(reps):
             proxy = _proxy_phase(rig, cached, CONNECTIONS, duration_s)
-            _check_clean("proxy_only", proxy)
+            check_clean("proxy_only", proxy)
             variants.setdefault("proxy_only", []).append(proxy)
             for name, tokens in (("authz_cached", cached), ("authz_uncached", uncached)):
-                phase = _authz_phase(rig, tokens, CONNECTIONS, duration_s)
-                _check_clean(name, phase)
+                phase = authz_phase(rig, tokens, CONNECTIONS, duration_s)
+                check_clean(name, phase)
                 phase["ratio"] = phase["rps"] / proxy["rps"]
                 variants.setdefault(f"{name}_w{workers}", []).append(phase)
         if workers == 1:
             for _ in range(reps):
-                one_conn.append(_one_conn_added(rig, cached, one_conn_duration_s, "authz", _authz_phase))
+                one_conn.append(_one_conn_added(rig, cached, one_conn_duration_s, "authz", authz_phase))
     rig.restart_authz(1)
     wait_until(serving, 30, "JWT route served with 1 authz worker")
     beside, native_one_conn = _beside_the_service(

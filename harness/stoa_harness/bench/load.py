@@ -1,6 +1,7 @@
 """Load through the real load generator, Debian `wrk`: a Lua script rotates request paths and bearer
-tokens (each wrk thread takes its own stride, so N tokens are N distinct tokens to the server) and
-prints wrk's own summary and latency percentiles as one JSON line from its `done` hook.
+tokens (each wrk thread takes its own stride, so N tokens are N distinct tokens to the server), or
+API keys in their header with `credential_header`, and prints wrk's own summary and latency
+percentiles as one JSON line from its `done` hook.
 
     result = run_wrk(url, paths=["/apis/a/x"], tokens=tokens, connections=32, duration_s=5)
     result.rps, result.p50_ms, result.non_2xx
@@ -30,12 +31,15 @@ end
 
 local paths, tokens = {}, {}
 local counter, stride = 0, 1
+local header, scheme = "Authorization", "Bearer "
 function init(args)
   for line in io.lines(args[1]) do paths[#paths + 1] = line end
   if args[2] ~= nil and args[2] ~= "-" then
     for line in io.lines(args[2]) do tokens[#tokens + 1] = line end
   end
   stride = tonumber(args[3])
+  -- Another header (an API key's) carries the credential as it is, without a scheme.
+  if args[4] ~= nil and args[4] ~= "authorization" then header, scheme = args[4], "" end
   counter = id
 end
 
@@ -43,7 +47,7 @@ function request()
   local i = counter
   counter = counter + stride
   local headers = {}
-  if #tokens > 0 then headers["Authorization"] = "Bearer " .. tokens[(i % #tokens) + 1] end
+  if #tokens > 0 then headers[header] = scheme .. tokens[(i % #tokens) + 1] end
   return wrk.format("GET", paths[(i % #paths) + 1], headers)
 end
 
@@ -118,6 +122,7 @@ class WrkRun:
         *,
         paths: Sequence[str],
         tokens: Sequence[str] = (),
+        credential_header: str = "authorization",
         connections: int,
         duration_s: float,
         threads: int | None = None,
@@ -155,6 +160,7 @@ class WrkRun:
             str(path_file),
             token_arg,
             str(threads),
+            credential_header.lower(),
         ]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -76,6 +76,21 @@ TARGETS: tuple[tuple[str, str, str, float, str], ...] = (
     ("publication.one_change_ratio", "1-route change at 10,000 ÷ at 100 (to serving)", "x", 1.5, "max"),
     ("publication.new_route_ratio", "new route p99 at 10,000 ÷ at 100", "x", 1.5, "max"),
     ("churn.non_2xx", "churn non-2xx responses", "", 0.0, "max"),
+    (
+        "consumers.billed_added_p50_ms_one_conn",
+        "billed quota route: added p50 at one connection (vs plain JWT)",
+        "ms",
+        1.0,
+        "max",
+    ),
+    ("consumers.opa_cpu_us_per_decision", "OPA decision CPU", "µs", 100.0, "max"),
+    (
+        "consumers.revocation_propagation_ms_max",
+        "key revocation → refused through Envoy (max)",
+        "ms",
+        2000.0,
+        "max",
+    ),
 )
 
 
@@ -142,6 +157,19 @@ EXPLANATIONS: dict[str, str] = {
         "RDS and every cluster over CDS."
     ),
     "churn.non_2xx": "A non-2xx during churn is a correctness bug, not a performance gap.",
+    "consumers.billed_added_p50_ms_one_conn": (
+        "A billed request waits for one PostgreSQL round trip from a Check thread (psycopg 3, synchronous "
+        "pool): 0.13-0.16 ms p50 unloaded, more while the same 2 cores run Envoy, wrk and PostgreSQL. "
+        "Evidence: bench/PROFILE-quota.md."
+    ),
+    "consumers.opa_cpu_us_per_decision": (
+        "Building the neutral input (headers, query, path segments) and handing it to regorus as JSON; "
+        "a larger module or input costs more."
+    ),
+    "consumers.revocation_propagation_ms_max": (
+        "A revocation travels CP → Link (a new generation) → the authorization policy set over ADS; "
+        "a machine this loaded delays each hop."
+    ),
 }
 
 
@@ -217,6 +245,8 @@ def summary_markdown(report: dict[str, Any]) -> str:
             f"| {name} | {_tri(s['rps'])} | {_tri(ratio) if ratio else '1'} | {_tri(s['p50_ms'])} | "
             f"{_tri(s['p99_ms'])} | {_tri(cpu) if cpu else '—'} |"
         )
+    if "consumers" in report:
+        lines += ["", consumers_markdown(report["consumers"]).rstrip("\n")]
     pub = report["publication"]
     lines += [
         "",
@@ -248,6 +278,31 @@ def summary_markdown(report: dict[str, Any]) -> str:
         f" metric series {report['footprint']['metric_series']:,}"
         f" (Envoy {report['footprint']['envoy_metric_series']:,},"
         f" Link {report['footprint']['link_metric_series']}).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def consumers_markdown(result: dict[str, Any]) -> str:
+    """The consumers scenario's table: each route against the plain JWT route, all service-decided."""
+    lines = [
+        f"Consumers (decided by the authorization service; {result['connections']} connections,"
+        f" {result['duration_s']:g} s x {result['repetitions']} repetitions; min / median / max):",
+        "",
+        "| route | rps | x plain JWT | p50 ms | p99 ms | authz CPU µs/Check |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in result["variants"].items():
+        lines.append(
+            f"| {name} | {_tri(s['rps'])} | {_tri(s['ratio_to_jwt'])} | {_tri(s['p50_ms'])} | "
+            f"{_tri(s['p99_ms'])} | {_tri(s['authz_cpu_us_per_decision'])} |"
+        )
+    lines += [
+        "",
+        f"Billed quota: {result['billed_added_p50_ms_one_conn']:.2f} ms added p50 at one connection."
+        f" OPA decision: {result['opa_cpu_us_per_decision']:.0f} µs CPU in process"
+        f" ({result['opa_added_authz_cpu_us_per_check']:.0f} µs more authz CPU per Check than the key route)."
+        f" Key revocation → 401 through Envoy: median {result['revocation_propagation_ms']:.0f} ms,"
+        f" max {result['revocation_propagation_ms_max']:.0f} ms.",
     ]
     return "\n".join(lines) + "\n"
 
