@@ -258,33 +258,65 @@ async def store_issuer_unchecked(database_url: str, issuer: str) -> None:
         await conn.close()
 
 
+def failed_on(estate: Estate, generation: int) -> dict[str, Any]:
+    """The gateway's last report once it is FAILED on `generation`."""
+    return wait_until(
+        lambda: (
+            s["last_report"]
+            if (s := estate.admin.status())["state"] == "FAILED"
+            and s["last_report"]["generation"] == generation
+            else None
+        ),
+        30,
+        f"the gateway FAILED on generation {generation}",
+    )
+
+
+def revocations_kept(estate: Estate) -> int:
+    return len(site(estate).link_events("revocations_kept"))
+
+
 def test_revocation_in_a_nacked_generation_still_applies(estate: Estate) -> None:
     created = new_key(estate)
     ask = lambda: get(estate, KEYED, [("x-api-key", created["key"])])  # noqa: E731
     assert ask().status_code == 200
-    envoy_before = estate.envoy.versions()
+    kept_before = revocations_kept(estate)
     # The generation carrying the revocation also carries a key set the service refuses: NACKed.
     asyncio.run(store_issuer_unchecked(estate.database_url, "https://weak.consumers.example"))
     estate.admin.revoke_key("acme", created["key_id"], tenant_id=TENANT)
     generation = estate.admin.desired_generation()
     try:
-        wait_until(
-            lambda: (
-                (s := estate.admin.status())["state"] == "FAILED"
-                and s["last_report"]["generation"] == generation
-            ),
-            30,
-            "the gateway FAILED on the NACKed generation",
-        )
-        assert estate.admin.status()["last_report"]["reason"] == "NACK"
-        # Envoy still routes with the previous policy set, in which the key was live: refused all the same.
-        assert estate.envoy.versions() == envoy_before
-        assert ask().status_code == 401
+        assert failed_on(estate, generation)["reason"] == "NACK"
+        # The service keeps the revocation of the set it refused, and the Link serves the set in force
+        # again with it (so a restarted service gets it too): refused all the same.
+        first_refusal(estate, ask, 401)
         assert last_reason(estate) == "invalid_key"
+        wait_until(lambda: revocations_kept(estate) > kept_before, 10, "the Link to keep the revocation")
+        assert estate.admin.status()["last_report"]["generation"] == generation  # still FAILED there
     finally:
         weak = [i for i in estate.admin.issuers(TENANT) if i["issuer"] == "https://weak.consumers.example"]
         for issuer in weak:
             estate.admin.delete_issuer(TENANT, issuer["issuer_id"])
+        estate.admin.wait_synced()
+    assert ask().status_code == 401
+
+
+def test_revocation_in_a_generation_the_link_refuses_still_applies(estate: Estate) -> None:
+    created = new_key(estate)
+    ask = lambda: get(estate, KEYED, [("x-api-key", created["key"])])  # noqa: E731
+    assert ask().status_code == 200
+    # The generation carrying the revocation also carries a module that does not compile: the Link
+    # refuses it before anything is published.
+    asyncio.run(store_policy_unchecked(estate.database_url, "package stoa\nallow if {"))
+    estate.admin.revoke_key("acme", created["key_id"], tenant_id=TENANT)
+    generation = estate.admin.desired_generation()
+    try:
+        assert "does not compile" in failed_on(estate, generation)["detail"]
+        took = first_refusal(estate, ask, 401)
+        print(f"revocation propagation past a refused generation: {took * 1000:.0f} ms")
+        assert last_reason(estate) == "invalid_key"
+    finally:
+        estate.admin.delete_policy("broken-opa", tenant_id=TENANT)
         estate.admin.wait_synced()
     assert ask().status_code == 401
 

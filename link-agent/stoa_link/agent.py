@@ -276,6 +276,7 @@ class Agent:
             snapshot = self.translate(inventory)
             timings["translate_ms"] = elapsed_ms(mark)
         except guard.Refusal as refusal:
+            await self._keep_revocations(inventory, last)
             return self._report(
                 _failed(self.gateway_id, inventory.generation, refusal.reason, refusal.detail),
                 timings | {"total_ms": elapsed_ms(started)},
@@ -301,6 +302,7 @@ class Agent:
 
             self._again = offer_again
         if not result.acked:
+            await self._keep_revocations(inventory, last)
             reason = FailureReason.Value(result.reason)
             return self._report(
                 _failed(self.gateway_id, inventory.generation, reason, result.detail, snapshot.version),
@@ -319,6 +321,34 @@ class Agent:
             ),
             timings | {"total_ms": elapsed_ms(started)},
         )
+
+    async def _keep_revocations(
+        self, failed: inventory_pb2.Inventory, last: inventory_pb2.Inventory | None
+    ) -> None:
+        """Revocations are never rolled back: when a generation that revokes keys is refused or not
+        acknowledged, the inventory in force is served again with those revocations added (and
+        nothing else of the failed generation), and kept as the one in force (a restart keeps them)."""
+        if last is None:
+            return  # nothing was ever served here: no key of this site can be in use
+        added = set(failed.revoked_key_sha256) - set(last.revoked_key_sha256)
+        if not added:
+            return
+        kept = inventory_pb2.Inventory()
+        kept.CopyFrom(last)
+        kept.revoked_key_sha256[:] = sorted(set(last.revoked_key_sha256) | added)
+        fields = {"generation": failed.generation, "in_force": last.generation, "revocations": len(added)}
+        try:
+            snapshot = self.translate(kept)
+        except guard.Refusal as refusal:
+            log.error("revocations_not_kept", extra={"fields": fields | {"detail": refusal.detail}})
+            return
+        result = await self.ads.publish(snapshot)
+        if not result.acked:
+            log.error("revocations_not_kept", extra={"fields": fields | {"detail": result.detail}})
+            return
+        self.store.save(kept)
+        self.last_applied = kept
+        log.info("revocations_kept", extra={"fields": fields | {"version": snapshot.version}})
 
     def _report(
         self, report: inventory_pb2.SyncReport, timings: dict[str, float] | None = None

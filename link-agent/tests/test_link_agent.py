@@ -155,6 +155,63 @@ async def test_publish_failure_is_reported_with_envoy_detail_and_not_persisted(
     assert received[-1]["reason"] == reason
 
 
+class FailOnce(FakeAds):
+    """Fails its next publication only (then the scripted failure is spent)."""
+
+    async def publish(self, snapshot: Snapshot) -> PublishResult:
+        result = await super().publish(snapshot)
+        self.failure = None
+        return result
+
+
+def revoking(delivery: inventory_pb2.Inventory, *digests: str) -> inventory_pb2.Inventory:
+    delivery.revoked_key_sha256.extend(digests)
+    return delivery
+
+
+A, B, C = "aa" * 32, "bb" * 32, "cc" * 32
+
+
+async def test_a_failed_generations_revocations_are_served_with_the_inventory_in_force(
+    tmp_path: Path, reporter: Reporter
+) -> None:
+    ads = FailOnce()
+    agent = make_agent(tmp_path, reporter, ads)
+    await agent.apply(revoking(inventory(1, "a"), A))
+    refused = revoking(inventory(2, "a", "b"), A, B)
+    refused.policies.add(policy_id="p", type="oidc", applicable=["a"])
+    report = await agent.apply(refused)
+    assert report is not None
+    assert (report.status, report.generation) == (inventory_pb2.FAILED, 2)
+    # Generation 1 again, with the refused generation's revocation and nothing else of it.
+    kept = revoking(inventory(1, "a"), A, B)
+    assert (agent.last_applied, InventoryStore(tmp_path).load()) == (kept, kept)
+    assert len(ads.published) == 2
+    # Delivered again: nothing new to keep, nothing published.
+    await agent.apply(refused)
+    assert len(ads.published) == 2
+
+    ads.failure = PublishResult(False, "", "NACK", "type.googleapis.com/x", "no")
+    report = await agent.apply(revoking(inventory(3, "a", "c"), A, B, C))
+    assert report is not None
+    assert FR.Name(report.reason) == "NACK"
+    kept = revoking(inventory(1, "a"), A, B, C)
+    assert (agent.last_applied, InventoryStore(tmp_path).load()) == (kept, kept)
+    assert [s.generation for s in ads.published] == [1, 1, 3, 1]
+
+
+async def test_a_failed_generation_without_new_revocations_publishes_nothing_more(
+    tmp_path: Path, reporter: Reporter
+) -> None:
+    ads = FakeAds()
+    agent = make_agent(tmp_path, reporter, ads)
+    await agent.apply(revoking(inventory(1, "a"), A))
+    ads.failure = PublishResult(False, "", "NACK", "type.googleapis.com/x", "no")
+    await agent.apply(revoking(inventory(2, "a", "b"), A))
+    assert len(ads.published) == 2
+    assert agent.last_applied == revoking(inventory(1, "a"), A)
+
+
 async def test_deliveries_arriving_during_a_publication_coalesce_to_the_latest(
     tmp_path: Path, reporter: Reporter
 ) -> None:
