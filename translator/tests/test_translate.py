@@ -464,6 +464,10 @@ def test_opa_module_compiles_or_is_refused_naming_the_module() -> None:
         accept_json("opa", "p1", {"module": "package stoa\nallow if {"})
     assert broken.value.field == "module"
     assert "does not compile" in broken.value.message
+    # Rego v1 only: a rule body without `if` (v0 syntax) does not compile.
+    with pytest.raises(ConfigError) as v0:
+        accept_json("opa", "p1", {"module": "package stoa\nallow { true }"})
+    assert (v0.value.field, "`if` keyword is required" in v0.value.message) == ("module", True)
     with pytest.raises(ConfigError) as entry:
         accept_json("opa", "p1", {"module": module, "entrypoint": "stoa.allow"})
     assert entry.value.field == "entrypoint"
