@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf import json_format, message
 from stoa_proto import inventory_pb2, mcp_pb2
 
 from stoa_translate import fields
@@ -387,5 +388,18 @@ def _resolve_policies(inventory: inventory_pb2.Inventory) -> dict[str, dict[str,
 
 
 def to_json(site: SiteIR) -> dict[str, Any]:
-    """The IR as plain JSON data: the golden files of the inventory → IR stage."""
-    return dataclasses.asdict(site)
+    """The IR as plain JSON data: the golden files of the inventory → IR stage (the tools, consumers
+    and subscriptions it keeps as delivered messages in proto3 JSON, every field written)."""
+    return _plain(dataclasses.asdict(site))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, message.Message):
+        return json_format.MessageToDict(
+            value, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
