@@ -161,6 +161,12 @@ async def test_api_auth_fields_of_another_mode_are_422(api, estate, auth: dict, 
     response = await api.admin.post(f"/v1/tenants/{estate['tenant']}/apis", json={**body, "auth": auth})
     assert response.status_code == 422, response.text
     assert [e["field"] for e in response.json()["errors"]] == [field]
+    # The same rule when APIs are written in bulk.
+    bulk = await api.admin.post(
+        f"/v1/tenants/{estate['tenant']}/bulk", json={"apis": [{**body, "auth": auth}]}
+    )
+    assert bulk.status_code == 422, bulk.text
+    assert [e["field"] for e in bulk.json()["errors"]] == [f"apis[0].{field}"]
 
 
 async def test_client_id_maps_to_one_consumer(api, estate) -> None:
