@@ -186,6 +186,29 @@ async def test_every_kind_of_change_arrives_as_a_delta_that_rebuilds_the_config(
         await client.delete_tool("get_order", tenant_id=tenant_id)
         await check("a tool deleted")
 
+        # Consumers, keys, plans and subscriptions travel too; a revocation is in the very next delta.
+        keyed = await api.new_api(tenant_id, auth={"mode": "api_key"}, path_prefix=f"/{api.uid('k')}")
+        await api.deploy(gateway_id, keyed)
+        await check("an api_key route")
+        await client.create_consumer("acme", tenant_id=tenant_id, client_ids=["acme-app"])
+        await check("a consumer")
+        key = await client.create_key("acme", tenant_id=tenant_id)
+        await check("a key")
+        await client.create_plan("gold", tenant_id=tenant_id, requests=5, window_seconds=60)  # no generation
+        await client.subscribe("s1", tenant_id=tenant_id, consumer_id="acme", api_id=keyed, plan_id="gold")
+        await check("a subscription")
+        await client.set_subscription_state("s1", "suspended", tenant_id=tenant_id)
+        await check("a subscription suspended")
+        await client.revoke_key("acme", key["key_id"], tenant_id=tenant_id)
+        await check("a key revoked")
+        held = sse.held.inventory()
+        assert len(held.revoked_key_sha256) == 1
+        assert [(c.consumer_id, list(c.key_sha256)) for c in held.consumers] == [("acme", [])]
+        assert [(s.subscription_id, s.active) for s in held.subscriptions] == [("s1", False)]
+        await client.delete_consumer("acme", tenant_id=tenant_id)
+        await check("a consumer deleted (its subscription with it)")
+        assert (sse.held.inventory().consumers, sse.held.inventory().subscriptions) == ([], [])
+
 
 async def test_resume_sends_the_held_deltas_or_the_complete_inventory(api, cp_factory) -> None:
     tenant_id = await api.tenant()

@@ -27,6 +27,9 @@ _KEYS: dict[str, Callable[[Message], object]] = {
     "tombstones": lambda m: m.route_id,  # type: ignore[attr-defined]
     "issuers": lambda m: (m.tenant_id, m.issuer),  # type: ignore[attr-defined]
     "tools": lambda m: (m.tenant_id, m.name),  # type: ignore[attr-defined]
+    "consumers": lambda m: (m.tenant_id, m.consumer_id),  # type: ignore[attr-defined]
+    "subscriptions": lambda m: (m.tenant_id, m.subscription_id),  # type: ignore[attr-defined]
+    "revoked_key_sha256": lambda digest: digest,  # a list of strings: each is its own key
 }
 LISTS = tuple(_KEYS)
 
@@ -35,8 +38,8 @@ def key_of(name: str, element: Message) -> object:
     return _KEYS[name](element)
 
 
-def element_digest(name: str, element: Message) -> int:
-    body = element.SerializeToString(deterministic=True)
+def element_digest(name: str, element: Message | str) -> int:
+    body = element.encode() if isinstance(element, str) else element.SerializeToString(deterministic=True)
     return int.from_bytes(hashlib.sha256(name.encode() + b"\0" + body).digest(), "big")
 
 
@@ -127,6 +130,9 @@ class Elements:
             "tombstones": delta.removed_tombstones,
             "issuers": [(i.tenant_id, i.issuer) for i in delta.removed_issuers],
             "tools": [(t.tenant_id, t.name) for t in delta.removed_tools],
+            "consumers": [(c.tenant_id, c.consumer_id) for c in delta.removed_consumers],
+            "subscriptions": [(s.tenant_id, s.subscription_id) for s in delta.removed_subscriptions],
+            "revoked_key_sha256": delta.removed_revoked_key_sha256,
         }
         for name in LISTS:
             for key in removed[name]:
@@ -170,5 +176,11 @@ def removed_key(delta: inventory_pb2.InventoryDelta, name: str, key: object) -> 
     elif name == "tools":
         tenant_id, tool = key  # type: ignore[misc]
         delta.removed_tools.add(tenant_id=tenant_id, name=tool)
+    elif name == "consumers":
+        tenant_id, consumer_id = key  # type: ignore[misc]
+        delta.removed_consumers.add(tenant_id=tenant_id, consumer_id=consumer_id)
+    elif name == "subscriptions":
+        tenant_id, subscription_id = key  # type: ignore[misc]
+        delta.removed_subscriptions.add(tenant_id=tenant_id, subscription_id=subscription_id)
     else:
         getattr(delta, f"removed_{name}").append(key)

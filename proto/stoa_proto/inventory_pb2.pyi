@@ -222,7 +222,7 @@ class Inventory(_message.Message):
     def __init__(self, schema_version: _Optional[int] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ..., tombstones: _Optional[_Iterable[_Union[Tombstone, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_mcp_pb2.Tool, _Mapping]]] = ..., consumers: _Optional[_Iterable[_Union[Consumer, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., revoked_key_sha256: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class InventoryDelta(_message.Message):
-    __slots__ = ("schema_version", "gateway_id", "generation", "base_generation", "routes", "policies", "tombstones", "issuers", "removed_routes", "removed_policies", "removed_tombstones", "removed_issuers", "inventory_hash", "tools", "removed_tools")
+    __slots__ = ("schema_version", "gateway_id", "generation", "base_generation", "routes", "policies", "tombstones", "issuers", "removed_routes", "removed_policies", "removed_tombstones", "removed_issuers", "inventory_hash", "tools", "removed_tools", "consumers", "subscriptions", "revoked_key_sha256", "removed_consumers", "removed_subscriptions", "removed_revoked_key_sha256")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +238,12 @@ class InventoryDelta(_message.Message):
     INVENTORY_HASH_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     REMOVED_TOOLS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_KEY_SHA256_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_CONSUMERS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_REVOKED_KEY_SHA256_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     gateway_id: str
     generation: int
@@ -253,7 +259,13 @@ class InventoryDelta(_message.Message):
     inventory_hash: str
     tools: _containers.RepeatedCompositeFieldContainer[_mcp_pb2.Tool]
     removed_tools: _containers.RepeatedCompositeFieldContainer[_mcp_pb2.Tool]
-    def __init__(self, schema_version: _Optional[int] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., base_generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ..., tombstones: _Optional[_Iterable[_Union[Tombstone, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ..., removed_routes: _Optional[_Iterable[str]] = ..., removed_policies: _Optional[_Iterable[str]] = ..., removed_tombstones: _Optional[_Iterable[str]] = ..., removed_issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ..., inventory_hash: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_mcp_pb2.Tool, _Mapping]]] = ..., removed_tools: _Optional[_Iterable[_Union[_mcp_pb2.Tool, _Mapping]]] = ...) -> None: ...
+    consumers: _containers.RepeatedCompositeFieldContainer[Consumer]
+    subscriptions: _containers.RepeatedCompositeFieldContainer[Subscription]
+    revoked_key_sha256: _containers.RepeatedScalarFieldContainer[str]
+    removed_consumers: _containers.RepeatedCompositeFieldContainer[Consumer]
+    removed_subscriptions: _containers.RepeatedCompositeFieldContainer[Subscription]
+    removed_revoked_key_sha256: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, schema_version: _Optional[int] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., base_generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ..., policies: _Optional[_Iterable[_Union[Policy, _Mapping]]] = ..., tombstones: _Optional[_Iterable[_Union[Tombstone, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ..., removed_routes: _Optional[_Iterable[str]] = ..., removed_policies: _Optional[_Iterable[str]] = ..., removed_tombstones: _Optional[_Iterable[str]] = ..., removed_issuers: _Optional[_Iterable[_Union[TrustedIssuer, _Mapping]]] = ..., inventory_hash: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_mcp_pb2.Tool, _Mapping]]] = ..., removed_tools: _Optional[_Iterable[_Union[_mcp_pb2.Tool, _Mapping]]] = ..., consumers: _Optional[_Iterable[_Union[Consumer, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., revoked_key_sha256: _Optional[_Iterable[str]] = ..., removed_consumers: _Optional[_Iterable[_Union[Consumer, _Mapping]]] = ..., removed_subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., removed_revoked_key_sha256: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SyncReport(_message.Message):
     __slots__ = ("gateway_id", "generation", "status", "snapshot_version", "reason", "detail", "settings")

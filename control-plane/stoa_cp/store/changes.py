@@ -21,10 +21,17 @@ from typing import Any
 import asyncpg
 from google.protobuf import json_format
 from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
-from stoa_proto.inventory_delta import LISTS, Elements, diff, removed_key
+from stoa_proto.inventory_delta import LISTS, Elements, diff, key_of, removed_key
 
 from stoa_cp.store.database import Database
-from stoa_cp.store.inventory import TOOLS, applicable, issuer_message, policy_message, tool_message
+from stoa_cp.store.inventory import (
+    TOOLS,
+    applicable,
+    consumer_lists,
+    issuer_message,
+    policy_message,
+    tool_message,
+)
 
 log = logging.getLogger("stoa_cp.changes")
 
@@ -45,7 +52,7 @@ def _changed(snapshot: str) -> str:
 
 _ROUTE_COLUMNS = (
     "a.api_id, a.tenant_id, a.path_prefix, a.methods, a.upstream_url, a.timeout_ms, a.auth_mode,"
-    " a.scopes, a.forward_credential, a.envelope, a.kind"
+    " a.scopes, a.forward_credential, a.envelope, a.kind, a.key_header, a.subscription"
 )
 _ALL_ROUTES = (
     f"SELECT {_ROUTE_COLUMNS} FROM deployments d JOIN apis a ON a.api_id = d.api_id WHERE d.gateway_id = $1"  # noqa: S608
@@ -112,6 +119,7 @@ class Tracked:
             ):
                 state._put_issuer(row)
             await state._read_tools(conn)
+            await state._read_consumers(conn)
         state._render_policies(state.policy_rows)
         return state
 
@@ -199,6 +207,7 @@ class Tracked:
                     ),
                 ]
             await self._read_tools(conn, touch)
+            await self._read_consumers(conn, touch)
         self.elements.generation = int(head["generation"])
         self.snapshot, self.read_at = head["snapshot"], time.monotonic()
 
@@ -293,6 +302,23 @@ class Tracked:
             else:
                 self.elements.remove("tools", key)
 
+    async def _read_consumers(
+        self, conn: asyncpg.Connection, touch: Callable[[str, object], None] | None = None
+    ) -> None:
+        """The consumers, subscriptions and revoked key digests of the tenants routed here, read whole
+        by the inventory's own queries: a key, a plan or a subscription changes none of the rows the
+        other lists are tracked by, and a revocation must never wait for one that does."""
+        fresh = await consumer_lists(conn, sorted(set(self.route_tenants.values())), list(self.route_tenants))
+        for name, elements in fresh.items():
+            by_key = {key_of(name, element): element for element in elements}
+            for key in set(self.elements.keys(name)) | by_key.keys():
+                if touch is not None:
+                    touch(name, key)
+                if key in by_key:
+                    self.elements.put(name, by_key[key])
+                else:
+                    self.elements.remove(name, key)
+
     def _put_issuer(self, row: Mapping[str, Any]) -> None:
         message = issuer_message(row)
         self.issuer_keys[row["issuer_id"]] = (message.tenant_id, message.issuer)
@@ -323,6 +349,8 @@ def _route(row: Mapping[str, Any]) -> inventory_pb2.Route:
         forward_credential=row["forward_credential"],
         envelope=row["envelope"],
         kind="" if row["kind"] == "http" else row["kind"],
+        key_header=row["key_header"],
+        subscription=row["subscription"],
     )
 
 

@@ -124,26 +124,7 @@ async def build(conn: asyncpg.Connection, gateway_id: str) -> Document | None:
         tenants,
     )
     tools = await conn.fetch(TOOLS, list(routes["mcp_tenants"]))
-    consumers = await conn.fetch(
-        "SELECT c.tenant_id, c.consumer_id, c.client_ids,"
-        " coalesce((SELECT array_agg(encode(k.key_sha256, 'hex') ORDER BY k.key_sha256) FROM api_keys k"
-        " WHERE k.tenant_id = c.tenant_id AND k.consumer_id = c.consumer_id AND k.revoked_at IS NULL),"
-        " '{}') AS keys FROM consumers c WHERE c.tenant_id = ANY($1::text[])"
-        " ORDER BY c.tenant_id, c.consumer_id",
-        tenants,
-    )
-    subscriptions = await conn.fetch(
-        "SELECT s.tenant_id, s.subscription_id, s.consumer_id, s.api_id, s.plan_id,"
-        " s.state = 'active' AS active, p.requests, p.window_seconds, p.billed"
-        " FROM subscriptions s JOIN plans p ON p.tenant_id = s.tenant_id AND p.plan_id = s.plan_id"
-        " WHERE s.api_id = ANY($1::text[]) ORDER BY s.tenant_id, s.subscription_id",
-        routes["route_ids"],
-    )
-    revoked = await conn.fetchval(
-        "SELECT coalesce(array_agg(encode(key_sha256, 'hex') ORDER BY key_sha256), '{}') FROM api_keys"
-        " WHERE tenant_id = ANY($1::text[]) AND revoked_at IS NOT NULL",
-        tenants,
-    )
+    consumer_data = await consumer_lists(conn, tenants, routes["route_ids"])
 
     inv = inventory_pb2.Inventory(
         schema_version=INVENTORY_SCHEMA_VERSION, gateway_id=gateway_id, generation=int(generation)
@@ -161,17 +142,49 @@ async def build(conn: asyncpg.Connection, gateway_id: str) -> Document | None:
     inv.issuers.extend(issuer_message(row) for row in issuers)
     for row in tools:
         inv.tools.append(tool_message(row))
-    for row in consumers:
-        inv.consumers.add(
-            tenant_id=row["tenant_id"],
-            consumer_id=row["consumer_id"],
-            client_ids=row["client_ids"],
-            key_sha256=row["keys"],
-        )
-    for row in subscriptions:
-        inv.subscriptions.add(**dict(row))
-    inv.revoked_key_sha256.extend(revoked)
+    for name, elements in consumer_data.items():
+        getattr(inv, name).extend(elements)
     return Document(inv, routes["json"], tombstones, len(all_routes))
+
+
+async def consumer_lists(
+    conn: asyncpg.Connection, tenants: list[str], route_ids: list[str]
+) -> dict[str, list[Any]]:
+    """The inventory's consumers (with their live keys' digests) and revoked key digests of `tenants`,
+    and the subscriptions to `route_ids` with their plans' figures (the full build and the deltas)."""
+    consumers = await conn.fetch(
+        "SELECT c.tenant_id, c.consumer_id, c.client_ids,"
+        " coalesce((SELECT array_agg(encode(k.key_sha256, 'hex') ORDER BY k.key_sha256) FROM api_keys k"
+        " WHERE k.tenant_id = c.tenant_id AND k.consumer_id = c.consumer_id AND k.revoked_at IS NULL),"
+        " '{}') AS keys FROM consumers c WHERE c.tenant_id = ANY($1::text[])"
+        " ORDER BY c.tenant_id, c.consumer_id",
+        tenants,
+    )
+    subscriptions = await conn.fetch(
+        "SELECT s.tenant_id, s.subscription_id, s.consumer_id, s.api_id, s.plan_id,"
+        " s.state = 'active' AS active, p.requests, p.window_seconds, p.billed"
+        " FROM subscriptions s JOIN plans p ON p.tenant_id = s.tenant_id AND p.plan_id = s.plan_id"
+        " WHERE s.api_id = ANY($1::text[]) ORDER BY s.tenant_id, s.subscription_id",
+        route_ids,
+    )
+    revoked = await conn.fetchval(
+        "SELECT coalesce(array_agg(encode(key_sha256, 'hex') ORDER BY key_sha256), '{}') FROM api_keys"
+        " WHERE tenant_id = ANY($1::text[]) AND revoked_at IS NOT NULL",
+        tenants,
+    )
+    return {
+        "consumers": [
+            inventory_pb2.Consumer(
+                tenant_id=row["tenant_id"],
+                consumer_id=row["consumer_id"],
+                client_ids=row["client_ids"],
+                key_sha256=row["keys"],
+            )
+            for row in consumers
+        ],
+        "subscriptions": [inventory_pb2.Subscription(**dict(row)) for row in subscriptions],
+        "revoked_key_sha256": list(revoked),
+    }
 
 
 # The tools of the tenants that have an MCP route on the gateway, with their API's upstream.
