@@ -12,7 +12,7 @@ import pytest
 from joserfc import jwt
 from joserfc.errors import BadSignatureError, JoseError
 from joserfc.jwk import KeySet
-from stoa_harness.idp import DevIdentityProvider
+from stoa_harness.idp import DevIdentityProvider, s256
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +139,137 @@ def test_token_endpoint_refuses_a_role_it_cannot_mint(idp, form):
     reply = httpx.post(idp.token_url, data={"grant_type": "client_credentials", **form})
     assert reply.status_code == 400
     assert reply.json()["error"] == "invalid_request"
+
+
+# ---- sign-in: authorization code + PKCE ----------------------------------------------------------
+REDIRECT = "http://127.0.0.1:8080/console/callback"
+VERIFIER = "v" * 20 + "-._~" + "0123456789abcdefghijk"
+
+
+def authorize_params(**overrides: str) -> dict:
+    params = {
+        "response_type": "code",
+        "client_id": "stoa-console",
+        "redirect_uri": REDIRECT,
+        "state": "s-123",
+        "code_challenge": s256(VERIFIER),
+        "code_challenge_method": "S256",
+    }
+    params.update(overrides)
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def sign_in(idp, username: str, password: str, **overrides: str) -> httpx.Response:
+    return httpx.post(
+        idp.authorize_url, data={**authorize_params(**overrides), "username": username, "password": password}
+    )
+
+
+def code_of(reply: httpx.Response) -> str:
+    assert reply.status_code == 303, reply.text
+    location = httpx.URL(reply.headers["location"])
+    assert str(location).startswith(REDIRECT + "?")
+    assert location.params["state"] == "s-123"
+    return location.params["code"]
+
+
+def redeem(idp, code: str, verifier: str = VERIFIER, redirect_uri: str = REDIRECT) -> httpx.Response:
+    return httpx.post(
+        idp.token_url,
+        data={
+            "grant_type": "authorization_code",
+            "code": code,
+            "client_id": "stoa-console",
+            "redirect_uri": redirect_uri,
+            "code_verifier": verifier,
+        },
+    )
+
+
+def test_discovery_names_the_authorization_endpoint_and_s256(idp):
+    discovery = httpx.get(f"{idp.base_url}/.well-known/openid-configuration").json()
+    assert discovery["authorization_endpoint"] == idp.authorize_url
+    assert discovery["code_challenge_methods_supported"] == ["S256"]
+    assert "authorization_code" in discovery["grant_types_supported"]
+
+
+@pytest.mark.parametrize(
+    ("user", "roles", "tenant"), [("admin", ["platform_admin"], None), ("alice", ["tenant_admin"], "demo")]
+)
+def test_a_dev_user_signs_in_with_a_code_and_its_verifier(idp, user, roles, tenant):
+    page = httpx.get(idp.authorize_url, params=authorize_params())
+    assert page.status_code == 200
+    assert 'name="password"' in page.text
+    assert '<label for="username">' in page.text
+    reply = redeem(idp, code_of(sign_in(idp, user, user)))
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["cache-control"] == "no-store"
+    claims = verify(idp, reply.json()["access_token"])
+    assert (claims["sub"], claims["stoa_roles"], claims.get("tenant_id"), claims["aud"]) == (
+        user,
+        roles,
+        tenant,
+        "stoa-cp",
+    )
+
+
+def test_a_code_is_used_up_by_any_attempt_and_bound_to_its_verifier_and_redirect(idp):
+    code = code_of(sign_in(idp, "alice", "alice"))
+    assert redeem(idp, code, verifier="w" * 43).json() == {"error": "invalid_grant"}
+    assert redeem(idp, code).json() == {"error": "invalid_grant"}  # used up by the failed attempt
+    other = code_of(sign_in(idp, "alice", "alice"))
+    assert redeem(idp, other, redirect_uri="http://127.0.0.1:9/console/callback").status_code == 400
+    fresh = code_of(sign_in(idp, "alice", "alice"))
+    assert redeem(idp, fresh).status_code == 200
+    assert redeem(idp, fresh).json() == {"error": "invalid_grant"}  # once only
+
+
+def test_a_wrong_password_shows_the_form_again_with_the_error(idp):
+    reply = sign_in(idp, "alice", "admin")
+    assert reply.status_code == 401
+    assert 'role="alert"' in reply.text
+    assert "location" not in reply.headers
+    assert sign_in(idp, "mallory", "mallory").status_code == 401
+
+
+@pytest.mark.parametrize(
+    "redirect_uri",
+    [
+        "https://evil.example/console/callback",
+        "http://127.0.0.1:8080/elsewhere",
+        "http://10.0.0.1/console/callback",
+    ],
+)
+def test_an_unregistered_redirect_uri_is_never_redirected_to(idp, redirect_uri):
+    for reply in (
+        httpx.get(idp.authorize_url, params=authorize_params(redirect_uri=redirect_uri)),
+        sign_in(idp, "alice", "alice", redirect_uri=redirect_uri),
+    ):
+        assert reply.status_code == 400
+        assert "location" not in reply.headers
+    assert httpx.get(idp.authorize_url, params=authorize_params(client_id="other")).status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        ({"code_challenge": None}, "invalid_request"),
+        ({"code_challenge_method": "plain"}, "invalid_request"),
+        ({"response_type": "token"}, "unsupported_response_type"),
+    ],
+    ids=["no-challenge", "plain", "implicit"],
+)
+def test_a_request_without_s256_pkce_goes_back_with_its_error(idp, overrides, error):
+    reply = httpx.get(idp.authorize_url, params=authorize_params(**overrides))
+    assert reply.status_code == 303
+    location = httpx.URL(reply.headers["location"])
+    assert (location.params["error"], location.params["state"]) == (error, "s-123")
+    assert "code" not in location.params
+
+
+def test_browsers_on_loopback_origins_may_redeem_and_others_may_not(idp):
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+    allowed = httpx.options(idp.token_url, headers={"Origin": "http://127.0.0.1:8080", **preflight})
+    assert allowed.headers["access-control-allow-origin"] == "http://127.0.0.1:8080"
+    refused = httpx.options(idp.token_url, headers={"Origin": "https://evil.example", **preflight})
+    assert "access-control-allow-origin" not in refused.headers
