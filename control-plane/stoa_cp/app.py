@@ -21,6 +21,7 @@ from stoa_cp.routers import (
     audit,
     bulk,
     consumers,
+    console,
     gateways,
     health,
     issuers,
@@ -159,4 +160,6 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(tools.keys_router)
     app.include_router(policies.tenant_router)
     app.include_router(policies.gateway_router)
+    app.include_router(console.router)
+    app.mount("/console/static", console.static_files(), name="console-static")
     return app

@@ -65,6 +65,14 @@ class Settings(BaseSettings):
     mcp_permissions_lifetime_s: int = Field(default=600, ge=1, le=900)
     # How often the keeper looks for artifacts to re-sign (it also wakes on every gateway change).
     mcp_permissions_check_s: float = Field(default=10.0, gt=0)
+    # Where the console (/console) signs people in: an issuer with an authorization endpoint and PKCE;
+    # empty: the first of OIDC_ISSUERS. The console is a public client of that issuer.
+    console_issuer: str = ""
+    console_client_id: str = Field(default="stoa-console", min_length=1)
+
+    @property
+    def console_sign_in_issuer(self) -> str | None:
+        return self.console_issuer or (self.oidc_issuers[0] if self.oidc_issuers else None)
 
     @field_validator("admin_tokens", "oidc_issuers", mode="before")
     @classmethod
