@@ -8,11 +8,16 @@ UV := $(PYTHON) -m uv
 
 .PHONY: setup run test lint bench proto
 
+# Debian's Chromium and its driver for the console's browser tests (part of `make test`): installed
+# here when missing, so the tests never skip for want of a browser and nothing downloads one.
 setup:
 	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
 	$(UV) sync --all-packages --frozen
 	@# The MCP conformance suite and the Node 22 it needs, from the npm registry (package-lock.json).
 	@test -x conformance/node_modules/.bin/conformance || npm ci --prefix conformance --no-audit --no-fund
+ifeq ($(and $(shell command -v chromium 2>/dev/null),$(shell command -v chromedriver 2>/dev/null)),)
+	apt-get update -qq && apt-get install -y -qq chromium chromium-driver
+endif
 
 run: setup
 	$(UV) run --frozen stoa-estate run

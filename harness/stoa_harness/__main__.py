@@ -1,12 +1,13 @@
 """`stoa-estate run` (what `make run` calls): the local estate with a published demo API.
 
-Starts embedded PostgreSQL, the CP, the echo upstream, the fake model, the dev identity provider, the
-authorization service (or, with `--authz witness`, the allow-all Check witness), the processing
-service, a Link and a real Envoy; seeds the demo tenant (trusting the dev identity provider) and API
-with its policies and a guarded chat route, deploys them on the gateway, waits for SYNCED, prints
-where everything is and ready-to-paste curl lines, writes `.stoa/estate.json`, and runs until
-Ctrl-C, SIGTERM or SIGHUP (any number of them), restarting a process that crashes, then stops every
-process it started. `stoa-estate status` shows the processes (pid, running, restarts).
+Starts embedded PostgreSQL, the CP (and its console), the echo upstream, the fake model, the dev
+identity provider (where the console's dev users sign in), the authorization service (or, with
+`--authz witness`, the allow-all Check witness), the processing service, a Link and a real Envoy;
+seeds the demo tenant (trusting the dev identity provider) and API with its policies and a guarded
+chat route, deploys them on the gateway, waits for SYNCED, prints where everything is and
+ready-to-paste curl lines, writes `.stoa/estate.json`, and runs until Ctrl-C, SIGTERM or SIGHUP (any
+number of them), restarting a process that crashes, then stops every process it started.
+`stoa-estate status` shows the processes (pid, running, restarts).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from stoa_harness.estate import Estate, EstateOptions
-from stoa_harness.idp import DevIdentityProvider
+from stoa_harness.idp import DEV_USERS, DevIdentityProvider
 from stoa_harness.site import http_ok
 from stoa_harness.stop_signals import StopRequested, StopSignals
 from stoa_harness.supervisor import Supervisor
@@ -276,6 +277,14 @@ def demonstrate_mcp(estate: Estate, info: dict[str, Any]) -> str:
     )
 
 
+def sign_in_as() -> str:
+    """The console's dev users, as `make run` prints them."""
+    return "; ".join(
+        f"{u.username} / {u.password}: {u.role.replace('_', ' ')}" + (f" of {u.tenant}" if u.tenant else "")
+        for u in DEV_USERS
+    )
+
+
 def describe(estate: Estate, extra: dict[str, Any]) -> dict[str, Any]:
     return {
         "cp_url": estate.cp_url,
@@ -305,20 +314,24 @@ def run(args: argparse.Namespace) -> int:
     print(f"starting the local estate (logs in {run_dir}) ...", flush=True)
     try:
         with StopSignals() as stop, contextlib.ExitStack() as stack:
+            provider = stack.enter_context(DevIdentityProvider(audience=AUDIENCE))
+            # The CP API trusts the dev identity provider: the console signs its dev users in there, and
+            # its token endpoint mints tokens per role. The demo API trusts it only with stoa-authz.
+            cp_env = {"STOA_CP_OIDC_ISSUERS": provider.issuer}
             idp = None
-            options = EstateOptions(authz=args.authz, proc=True)
+            options = EstateOptions(authz=args.authz, proc=True, cp_env=cp_env)
             if args.authz == "service":
-                idp = stack.enter_context(DevIdentityProvider(audience=AUDIENCE))
-                # The CP API trusts the dev identity provider too: tokens per role from its token endpoint.
+                idp = provider
                 options = EstateOptions(
                     authz="service",
                     authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE},
-                    cp_env={"STOA_CP_OIDC_ISSUERS": idp.issuer},
+                    cp_env=cp_env,
                     proc=True,
                     mcp=True,
                 )
             estate = stack.enter_context(Estate(options, run_dir=run_dir))
             info = describe(estate, seed_demo(estate, idp))
+            info["console_url"] = f"{estate.cp_url}/console"
             supervisor = Supervisor(estate.processes(), log=lambda line: print(line, flush=True))
 
             def state() -> dict[str, Any]:
@@ -329,12 +342,13 @@ def run(args: argparse.Namespace) -> int:
             stack.callback(state_file.unlink, missing_ok=True)
             print(
                 f"\nSTOA local estate is up ({state_file} written)\n"
+                f"  console         {info['console_url']}   (sign in as {sign_in_as()})\n"
                 f"  control plane   {estate.cp_url}   (admin token: {estate.admin_token})\n"
                 f"  gateway         {estate.gateway_url}   (gateway {estate.gateway_id}, SYNCED)\n"
                 f"  envoy admin     {estate.envoy_admin_url}\n"
                 f"  echo upstream   {estate.upstream.url}\n"
                 f"  fake model      {estate.llm.url}   (OpenAI-compatible, behind {info['demo_chat_path']})\n"
-                + (f"  dev IdP         {idp.issuer}   (audience {AUDIENCE})\n" if idp is not None else "")
+                + f"  dev IdP         {provider.issuer}   (audience {AUDIENCE})\n"
                 + (
                     f"  MCP endpoint    {info['mcp_url']}   (demo tools through Envoy)\n"
                     if "mcp_url" in info

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from stoa_harness.cp_client import CPClient
+from stoa_harness.idp import s256
 from stoa_harness.processes import stop_group
 from stoa_harness.site import console_script
 from stoa_harness.wait import GiveUp, wait_until
@@ -216,6 +218,58 @@ def test_a_killed_authorization_service_is_restarted_and_requests_recover(launch
     ).stdout
     assert f"pid {authz['pid']}" in status
     assert "restarts 1" in status
+
+
+def test_the_console_is_printed_served_and_the_demo_tenant_admin_signs_in(launcher: Launcher) -> None:
+    state = launcher.state()
+    console = state["console_url"]
+    assert console == f"{state['cp_url']}/console"
+    printed = f"console         {console}   (sign in as admin / admin: platform admin; alice / alice:"
+    # The state file is written just before the first screen is printed.
+    wait_until(lambda: printed in launcher.output(), 10, "the console's line on the first screen")
+    page = httpx.get(console, timeout=5)
+    assert page.status_code == 200
+    assert '<script type="module" src="/console/static/app.js">' in page.text
+    config = httpx.get(f"{console}/config.json", timeout=5).json()
+    assert config["issuer"] == state["issuer_url"]
+    # The console's sign-in, by hand: authorization code + PKCE at the dev identity provider.
+    provider = httpx.get(f"{config['issuer']}/.well-known/openid-configuration", timeout=5).json()
+    verifier = secrets.token_urlsafe(48)
+    redirect_uri = f"{console}/callback"
+    answer = httpx.post(
+        provider["authorization_endpoint"],
+        data={
+            "response_type": "code",
+            "client_id": config["client_id"],
+            "redirect_uri": redirect_uri,
+            "state": "launcher",
+            "code_challenge": s256(verifier),
+            "code_challenge_method": "S256",
+            "username": "alice",
+            "password": "alice",
+        },
+        timeout=5,
+    )
+    assert answer.status_code == 303, answer.text
+    code = httpx.URL(answer.headers["location"]).params["code"]
+    token = httpx.post(
+        provider["token_endpoint"],
+        data={
+            "grant_type": "authorization_code",
+            "code": code,
+            "client_id": config["client_id"],
+            "redirect_uri": redirect_uri,
+            "code_verifier": verifier,
+        },
+        timeout=5,
+    ).json()["access_token"]
+    apis = httpx.get(
+        f"{state['cp_url']}/v1/tenants/{state['demo_tenant']}/apis",
+        headers={"authorization": f"Bearer {token}"},
+        timeout=5,
+    )
+    assert apis.status_code == 200, apis.text
+    assert "echo" in [api["api_id"] for api in apis.json()]
 
 
 def test_quick_stop_signals_stop_the_launcher_and_every_process_it_started(launcher: Launcher) -> None:
