@@ -20,7 +20,7 @@ from stoa_harness.browser import Browser, output_dir
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider, DevUser
 
-ACK_DEADLINE_S = 3
+ACK_DEADLINE_S = 5
 TENANT, OTHER = "acme", "globex"
 USERS = (
     DevUser("ada", "ada-password", "platform_admin"),
@@ -71,7 +71,7 @@ def status_box(browser: Browser, gateway_id: str = "gw-1"):
     return browser.css(f'.gateway-status[data-gateway="{gateway_id}"]')
 
 
-def wait_state(browser: Browser, state: str, generation: int, timeout: float = 20) -> None:
+def wait_state(browser: Browser, state: str, generation: int, timeout: float = 30) -> None:
     """The live status shows `state` for `generation` (read by the page itself, no reload)."""
 
     def shown(_driver) -> bool:
@@ -163,7 +163,7 @@ def test_a_publication_envoy_never_acknowledges_shows_failed_with_its_reason(bro
     try:
         button.click()
         generation = deployed_generation(browser, "stalled")
-        wait_state(browser, "FAILED", generation, timeout=6 * ACK_DEADLINE_S)
+        wait_state(browser, "FAILED", generation, timeout=5 * ACK_DEADLINE_S)
         reason = status_box(browser).find_element(By.CSS_SELECTOR, 'dd[data-role="reason"]').text
         browser.shot("07-publication-failed", at=status_box(browser))
     finally:
