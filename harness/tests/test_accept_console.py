@@ -9,9 +9,11 @@ Envoy's detail and the preview. Each step leaves a screenshot under the test out
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import Callable, Iterator
 
+import httpx
 import pytest
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.common.by import By
@@ -121,6 +123,19 @@ def test_a_tenant_admin_signs_in_creates_and_deploys_an_api_sees_it_synced_and_i
         lambda d: d.find_element(By.CSS_SELECTOR, "h1").text == f"APIs of {TENANT}", what="APIs page"
     )
     browser.shot("01-tenant-admin-signed-in")
+    # The tenant's pages are the CP's own: one per collection its OpenAPI document offers a tenant.
+    paths = httpx.get(f"{estate.cp_url}/openapi.json", timeout=10).json()["paths"]
+    offered = {
+        match.group(1)
+        for path, ops in paths.items()
+        if (match := re.fullmatch(r"/v1/tenants/\{tenant_id\}/([a-z_]+)", path))
+        and {"get", "post"} <= ops.keys()
+    }
+    links = {
+        a.get_attribute("href").rsplit("/", 1)[1] for a in browser.d.find_elements(By.CSS_SELECTOR, "#nav a")
+    }
+    assert offered >= {"apis", "policies", "issuers"}
+    assert offered <= links
     fill_api(browser, "orders", estate.upstream.url)
     browser.shot("02-api-form-filled")
     browser.css("#new-apis button[type=submit]").click()

@@ -182,8 +182,9 @@ function watchGateway(gatewayId) {
   let stopped = false;
   let timer = null;
   let last = "";
+  const mine = seq;
   async function tick() {
-    if (stopped) return;
+    if (stopped || mine !== seq) return;
     if (!document.hidden) {
       try {
         const st = await get(`/v1/gateways/${enc(gatewayId)}/status`);
@@ -354,15 +355,22 @@ async function tenantsPage() {
     mayCreate: platform(),
     rowExtras: (row, actions) => actions.append(el("a", { href: `#/t/${enc(row.tenant_id)}/apis`, text: `Open ${row.tenant_id}` })),
   });
-  page("Tenants", view);
+  return ["Tenants", view];
 }
 
 async function tenantPage(tenant, name) {
-  if (!tenantCollections().includes(name)) return page("Not found", el("p", { text: `This control plane has no ${name}.` }));
+  if (!tenantCollections().includes(name)) return ["Not found", el("p", { text: `This control plane has no ${name}.` })];
   sessionStorage.setItem("stoa.console.tenant", tenant);
   const desc = describe(`${TENANT_BASE}/${name}`);
   const params = { tenant_id: tenant };
-  if (name !== "apis") return page(`${human(name)} of ${tenant}`, await collectionView(desc, params));
+  try {
+    await get(fill(desc.template, params));
+  } catch (e) {
+    // A tenant the caller may not see is absent (404): nothing of the page is offered.
+    if (e instanceof Problem && e.status === 404) return [`Tenant ${tenant}`, errorBox(e)];
+    throw e;
+  }
+  if (name !== "apis") return [`${human(name)} of ${tenant}`, await collectionView(desc, params)];
   const gateways = await get("/v1/gateways");
   const publication = el("section", { class: "card", "aria-labelledby": "publication-heading" },
     el("h2", { id: "publication-heading", text: "Publication on gateways" }),
@@ -390,7 +398,7 @@ async function tenantPage(tenant, name) {
       }));
     }
   };
-  page(`APIs of ${tenant}`, publication, await collectionView(desc, params, { rowExtras: deployButtons }));
+  return [`APIs of ${tenant}`, publication, await collectionView(desc, params, { rowExtras: deployButtons })];
 }
 
 async function gatewaysPage() {
@@ -403,7 +411,7 @@ async function gatewaysPage() {
   const gateways = await get("/v1/gateways");
   const live = el("section", { class: "card", "aria-labelledby": "live-heading" },
     el("h2", { id: "live-heading", text: "Sync state" }), gateways.map((g) => watchGateway(g.gateway_id)));
-  page("Gateways", live, view);
+  return ["Gateways", live, view];
 }
 
 async function gatewayPage(gatewayId) {
@@ -438,10 +446,15 @@ async function gatewayPage(gatewayId) {
         validate, el("label", { for: "preview-validate", text: "Validate with Envoy" })),
       out));
   }
-  page(`Gateway ${gateway.gateway_id} — ${gateway.name}`, ...parts);
+  return [`Gateway ${gateway.gateway_id} — ${gateway.name}`, ...parts];
 }
 
+// Each navigation numbers itself: a slower earlier one never replaces the page of a later one, and its
+// live views stop (watchGateway checks the number).
+let seq = 0;
+
 async function route() {
+  const mine = ++seq;
   for (const stop of stops) stop();
   stops = [];
   if (!me()) return signedOut();
@@ -449,15 +462,18 @@ async function route() {
   const hash = location.hash || "#/";
   try {
     let m;
+    let shown;
     if (hash === "#/" || hash === "#") {
       location.replace(me().tenant ? `#/t/${enc(me().tenant)}/apis` : "#/tenants");
-    } else if (hash === "#/tenants") await tenantsPage();
-    else if ((m = hash.match(/^#\/t\/([^/]+)\/([a-z_]+)$/))) await tenantPage(decodeURIComponent(m[1]), m[2]);
-    else if (hash === "#/gateways") await gatewaysPage();
-    else if ((m = hash.match(/^#\/gateways\/([^/]+)$/))) await gatewayPage(decodeURIComponent(m[1]));
-    else page("Not found", el("p", { text: "No such page." }));
+      return;
+    } else if (hash === "#/tenants") shown = await tenantsPage();
+    else if ((m = hash.match(/^#\/t\/([^/]+)\/([a-z_]+)$/))) shown = await tenantPage(decodeURIComponent(m[1]), m[2]);
+    else if (hash === "#/gateways") shown = await gatewaysPage();
+    else if ((m = hash.match(/^#\/gateways\/([^/]+)$/))) shown = await gatewayPage(decodeURIComponent(m[1]));
+    else shown = ["Not found", el("p", { text: "No such page." })];
+    if (mine === seq) page(...shown);
   } catch (e) {
-    failed(e);
+    if (mine === seq) failed(e);
   }
 }
 
