@@ -128,13 +128,13 @@ def test_a_tenant_admin_signs_in_creates_and_deploys_an_api_sees_it_synced_and_i
     offered = {
         match.group(1)
         for path, ops in paths.items()
-        if (match := re.fullmatch(r"/v1/tenants/\{tenant_id\}/([a-z_]+)", path))
+        if (match := re.fullmatch(r"/v1/tenants/\{tenant_id\}/([a-z_-]+)", path))
         and {"get", "post"} <= ops.keys()
     }
     links = {
         a.get_attribute("href").rsplit("/", 1)[1] for a in browser.d.find_elements(By.CSS_SELECTOR, "#nav a")
     }
-    assert offered >= {"apis", "policies", "issuers"}
+    assert offered >= {"apis", "policies", "issuers", "tools", "tool-grants"}
     assert offered <= links
     fill_api(browser, "orders", estate.upstream.url)
     browser.shot("02-api-form-filled")
@@ -151,6 +151,9 @@ def test_a_tenant_admin_signs_in_creates_and_deploys_an_api_sees_it_synced_and_i
     assert [a.path for a in estate.upstream.arrivals()][-1].endswith("/hello")
     browser.open(estate.url("/apis/orders/hello"))
     browser.shot("05-called-through-envoy")
+    # A collection added to the CP after the console (MCP tools) has its page, form included.
+    browser.open(f"{estate.cp_url}/console#/t/{TENANT}/tools")
+    browser.shot("05b-tools-page", at=browser.css("#new-tools"))
 
 
 def test_a_refused_write_shows_the_field_message_next_to_the_field(browser, estate):

@@ -9,7 +9,7 @@ import { el, human, resolve, schemaForm, showProblem } from "./forms.js";
 // one request at a time, and only while its view is on screen.
 const POLL_MS = 1000;
 const TENANT_BASE = "/v1/tenants/{tenant_id}";
-const ORDER = ["apis", "policies", "issuers", "consumers", "plans", "subscriptions", "tools"];
+const ORDER = ["apis", "policies", "issuers", "consumers", "plans", "subscriptions", "tools", "tool-grants", "tool-revocations"];
 
 let config;
 let spec;
@@ -72,7 +72,7 @@ function describe(template) {
 }
 
 function tenantCollections() {
-  const pattern = new RegExp(`^${TENANT_BASE.replace(/[{}]/g, "\\$&")}/([a-z_]+)$`);
+  const pattern = new RegExp(`^${TENANT_BASE.replace(/[{}]/g, "\\$&")}/([a-z_-]+)$`);
   const names = Object.keys(spec.paths)
     .map((p) => p.match(pattern)?.[1])
     .filter((n) => n && spec.paths[`${TENANT_BASE}/${n}`].get && spec.paths[`${TENANT_BASE}/${n}`].post);
@@ -112,7 +112,7 @@ async function renderShell() {
   links.push(["#/gateways", "Gateways"]);
   const select = el(
     "select",
-    { id: "tenant-select", onchange: (e) => { const page = location.hash.match(/^#\/t\/[^/]+\/([a-z_]+)/)?.[1] || "apis"; location.hash = `#/t/${enc(e.target.value)}/${page}`; } },
+    { id: "tenant-select", onchange: (e) => { const page = location.hash.match(/^#\/t\/[^/]+\/([a-z_-]+)/)?.[1] || "apis"; location.hash = `#/t/${enc(e.target.value)}/${page}`; } },
     tenant ? null : el("option", { value: "", text: "—" }),
     tenants.map((t) => el("option", { value: t.tenant_id, text: t.tenant_id, selected: t.tenant_id === tenant })),
   );
@@ -270,7 +270,7 @@ async function collectionView(desc, params, { rowExtras, title, heading, mayCrea
           try { await call("POST", fill(sub.template, itemParams)); announce(`${human(sub.name)}: done`); notices.replaceChildren(el("p", { class: "notice", role: "status", text: `${human(sub.name)} ${id}: done` })); await refresh(); }
           catch (e) { if (e instanceof SignedOut) return failed(e); notices.replaceChildren(errorBox(e)); }
         } }));
-      } else if (sub.ops.get && !sub.name.includes("-")) {
+      } else if (sub.ops.get) {
         actions.append(el("button", { type: "button", class: "secondary", text: human(sub.name), "aria-label": `${human(sub.name)} of ${id}`, onclick: () => subView(sub, itemParams, id) }));
       }
     }
@@ -467,7 +467,7 @@ async function route() {
       location.replace(me().tenant ? `#/t/${enc(me().tenant)}/apis` : "#/tenants");
       return;
     } else if (hash === "#/tenants") shown = await tenantsPage();
-    else if ((m = hash.match(/^#\/t\/([^/]+)\/([a-z_]+)$/))) shown = await tenantPage(decodeURIComponent(m[1]), m[2]);
+    else if ((m = hash.match(/^#\/t\/([^/]+)\/([a-z_-]+)$/))) shown = await tenantPage(decodeURIComponent(m[1]), m[2]);
     else if (hash === "#/gateways") shown = await gatewaysPage();
     else if ((m = hash.match(/^#\/gateways\/([^/]+)$/))) shown = await gatewayPage(decodeURIComponent(m[1]));
     else shown = ["Not found", el("p", { text: "No such page." })];

@@ -5,7 +5,7 @@ const WORDS = { api: "API", apis: "APIs", url: "URL", uri: "URI", jwks: "JWKS", 
 
 export function human(name) {
   const text = name
-    .split("_")
+    .split(/[-_]/)
     .map((w) => WORDS[w] || w)
     .join(" ");
   return text.charAt(0).toUpperCase() + text.slice(1);
