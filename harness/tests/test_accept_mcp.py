@@ -491,3 +491,25 @@ def test_a_session_belongs_to_the_caller_that_opened_it(estate: Estate, idp: Dev
     )
     assert own.status_code == 200
     assert [t["name"] for t in own.json()["result"]["tools"]] == ["get_order"]
+
+
+def test_a_budget_counts_calls_per_consumer_and_is_exhausted(
+    estate: Estate, idp: DevIdentityProvider
+) -> None:
+    budgeted = idp.mint(tenant=TENANT, sub="budgeted")
+    assert tool_names(estate, budgeted) == ["count_order"]
+    estate.upstream.clear()
+
+    async def three_calls(client: Client) -> list[Any]:
+        return [await client.call_tool("count_order", {"id": str(i)}) for i in range(3)]
+
+    first, second, third = with_client(estate, ACME_MCP, budgeted, three_calls)
+    assert not first.is_error
+    assert not second.is_error
+    assert third.is_error
+    assert "budget exhausted (2 calls per 3600 s)" in third.content[0].text
+    assert len(estate.upstream.arrivals()) == 2, "an exhausted call reached the API"
+    # Per consumer: another consumer of the same tool has its own budget.
+    assert not call(
+        estate, idp.mint(tenant=TENANT, sub="other-budgeted"), "count_order", {"id": "1"}
+    ).is_error
