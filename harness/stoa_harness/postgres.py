@@ -221,16 +221,25 @@ class EmbeddedPostgres(Lifecycle):
         out_path = self._dir / f".{args[0]}.out"
         with out_path.open("w+") as out:
             self._chown(out_path)
+            # The user is dropped by setpriv, not by subprocess's user/group arguments: those make
+            # Python fork() instead of vfork(), and a fork() in a process with gRPC threads (the
+            # harness's) runs gRPC's fork handlers in the child, which can crash it before exec.
+            command = [str(bin_dir() / args[0]), *args[1:]]
+            if self._user is not None:
+                command = [
+                    "setpriv",
+                    f"--reuid={self._user.pw_uid}",
+                    f"--regid={self._user.pw_gid}",
+                    "--clear-groups",
+                    *command,
+                ]
             result = subprocess.run(
-                [str(bin_dir() / args[0]), *args[1:]],
+                command,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=self._dir,
                 env=env,
-                user=self._user.pw_uid if self._user else None,
-                group=self._user.pw_gid if self._user else None,
-                extra_groups=[] if self._user else None,
                 timeout=timeout,
                 check=False,
                 text=True,
