@@ -104,8 +104,10 @@ class Decider:
         ext = attributes.context_extensions
         http = attributes.request.http
         rid = request_id(http)
+        # The version of the policy set the decision was made with, once known (for the event).
+        decided_with: list[str] = []
         try:
-            response = self._phases(ext, http, rid, attributes.metadata_context)
+            response = self._phases(ext, http, rid, attributes.metadata_context, decided_with)
             reason = Reason.ALLOWED
         except Deny as denial:
             reason = denial.reason
@@ -123,23 +125,33 @@ class Decider:
                 api=ext.get("api_id", ""),
                 route=ext.get("route_id", ""),
                 request_id=rid,
-                policy_set_version=ext.get("policy_set_version", ""),
+                policy_set_version=decided_with[0] if decided_with else "",
             ),
             (time.perf_counter() - started) * 1000,
         )
         return response
 
     def _phases(
-        self, ext: Mapping[str, str], http: AttributeContext.HttpRequest, rid: str, metadata: Metadata
+        self,
+        ext: Mapping[str, str],
+        http: AttributeContext.HttpRequest,
+        rid: str,
+        metadata: Metadata,
+        decided_with: list[str],
     ) -> external_auth_pb2.CheckResponse:
         if not self._config.audience:
             raise Deny(Reason.NOT_CONFIGURED)
         headers = normalise(http)
-        policy = self._store.get(ext.get("policy_set_version", ""))
-        if policy is None:
-            raise Deny(Reason.POLICY_UNAVAILABLE)
-        route = policy.routes.get(ext.get("route_id", ""))
-        if route is None or ext.get("tenant_id", route.tenant_id) != route.tenant_id:
+        route_id = ext.get("route_id", "")
+        found = self._store.for_route(route_id, ext.get("route_version", ""))
+        if found is None:
+            # A route some kept set has under another entry was built with a set no longer held.
+            if not self._store or self._store.knows(route_id):
+                raise Deny(Reason.POLICY_UNAVAILABLE)
+            raise Deny(Reason.UNKNOWN_ROUTE)
+        policy, route = found
+        decided_with.append(policy.version)
+        if ext.get("tenant_id", route.tenant_id) != route.tenant_id:
             raise Deny(Reason.UNKNOWN_ROUTE)
         stripped = strip(headers, route.key_header)
 

@@ -16,6 +16,7 @@ from typing import Any
 from stoa_ops.policy_sets import KeptVersions, Refused
 from stoa_proto import authz_pb2, inventory_pb2
 from stoa_translate.jwks import KeySetError, VerificationKey, verification_keys_json
+from stoa_translate.policy_set import route_version
 from stoa_translate.rego import DEFAULT_ENTRYPOINT, RegoError
 
 from stoa_authz import respond
@@ -64,6 +65,9 @@ class Route:
     subscription: bool = False
     # The route's OPA policy (every request must satisfy it), compiled at load.
     opa: RegoPolicy | None = None
+    # The version of the route's entry (`stoa_translate.policy_set.route_version`): what the Envoy
+    # route built with this entry names in its Checks.
+    version: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +274,7 @@ def _compile_route(
         key_header=route.key_header,
         subscription=route.subscription,
         opa=_rego(route, where),
+        version=route_version(route),
     )
 
 
@@ -283,8 +288,11 @@ def _rego(route: authz_pb2.AuthzRoute, where: str) -> RegoPolicy | None:
 
 
 class PolicyStore(KeptVersions[PolicySet]):
-    """The last few accepted policy sets, by version; a Check asks for the version its route names. A
-    set re-sent with the same version keeps the loaded object, and its warm decision cache.
+    """The last few accepted policy sets, by version. A Check names its route and the version of the
+    route's entry its Envoy route was built with (`route_version`), and is decided with the newest set
+    holding that entry: a route built with set N is decided with N while N+1 rolls out or after N+1 is
+    refused, and once N+1 is in force with N+1 (its consumers, keys and subscriptions too). A set
+    re-sent with the same version keeps the loaded object, and its warm decision cache.
 
     Key revocations are kept apart, as one set that only grows: every revocation the service was
     ever sent (in a set it accepted or refused) applies to every set, older ones included.
@@ -297,3 +305,15 @@ class PolicyStore(KeptVersions[PolicySet]):
         added = frozenset(digests) - self.revoked
         if added:
             self.revoked = self.revoked | added
+
+    def for_route(self, route_id: str, version: str) -> tuple[PolicySet, Route] | None:
+        """The newest set holding `route_id` with the entry `version`, and that entry; None if none."""
+        for policy_set in reversed(self._sets.values()):
+            route = policy_set.routes.get(route_id)
+            if route is not None and route.version == version:
+                return policy_set, route
+        return None
+
+    def knows(self, route_id: str) -> bool:
+        """Whether some kept set holds `route_id` (under any version of its entry)."""
+        return any(route_id in s.routes for s in self._sets.values())

@@ -20,6 +20,7 @@ from stoa_authz.reasons import Reason
 from stoa_harness.idp import DevIdentityProvider
 from stoa_proto import authz_pb2, inventory_pb2
 from stoa_proto.bodies import DENY_BODIES
+from stoa_translate.policy_set import route_version
 
 AUD = "stoa-test"  # the conftest's audience
 
@@ -369,8 +370,9 @@ CASES = [
         403,
     ),
     (
+        # A route entry no kept set holds: its Envoy route was built with a set no longer held.
         "unknown-version",
-        lambda i, r: r(bearer(i.mint(**GOOD)), version="v9"),
+        lambda i, r: r(bearer(i.mint(**GOOD)), version="0123456789abcdef"),
         Reason.POLICY_UNAVAILABLE,
         503,
     ),
@@ -549,11 +551,11 @@ async def test_keys_of_another_tenant_and_cached_allows_stay_on_their_route(idp,
     other = DevIdentityProvider(alg="RS256", audience=AUD)
     globex = "https://globex.example"  # its own issuer: unstarted IdPs share one base URL
 
+    admin = authz_pb2.AuthzRoute(route_id="admin", tenant_id="acme", api_id="admin", scopes=["orders:admin"])
+
     def two_tenants(i, version):
         message = policy(i, version)
-        message.routes.append(
-            authz_pb2.AuthzRoute(route_id="admin", tenant_id="acme", api_id="admin", scopes=["orders:admin"])
-        )
+        message.routes.append(admin)
         message.issuers.append(
             inventory_pb2.TrustedIssuer(tenant_id="globex", issuer=globex, jwks_json=json.dumps(other.jwks()))
         )
@@ -567,7 +569,7 @@ async def test_keys_of_another_tenant_and_cached_allows_stay_on_their_route(idp,
         decider.decide(req(bearer(foreign))),
         decider.decide(req(bearer(spoofed))),
         decider.decide(req(bearer(token))),
-        decider.decide(req(bearer(token), route_id="admin", api_id="admin")),
+        decider.decide(req(bearer(token), route_id="admin", api_id="admin", version=route_version(admin))),
     ]
     assert [e["reason"] for e in log.events()] == [
         "wrong_issuer",

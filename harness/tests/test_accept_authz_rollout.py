@@ -21,6 +21,7 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
+from google.protobuf import json_format
 from google.rpc import code_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from stoa_harness.cp_client import CPError
@@ -28,6 +29,9 @@ from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
 from stoa_harness.site import console_script
 from stoa_harness.wait import wait_until
+from stoa_proto import authz_pb2
+from stoa_translate.policy_set import route_version
+from stoa_translate.snapshot import AUTHZ_POLICY_SET
 
 AUDIENCE = "stoa-rollout"
 IDP_ALG = "ES256"
@@ -60,8 +64,8 @@ def get(estate: Estate, token: str) -> httpx.Response:
 
 
 def route_policy_version(estate: Estate, token: str) -> str:
-    """The policy_set_version Envoy's route `orders` passes to ext_authz right now (Envoy redacts
-    context extensions in its config dump, so it is read from the decision event of a request)."""
+    """The version of the policy set a request on Envoy's route `orders` is decided with right now
+    (read from the decision event of a request)."""
     assert estate.site is not None
     before = len(estate.site.authz_decisions(direct=is_direct))
     estate.gateway.get(estate.url(PATH), headers={"authorization": f"Bearer {token}"})
@@ -79,11 +83,20 @@ def authz_events(estate: Estate, name: str) -> list[dict[str, Any]]:
     return estate.site.authz_events(name)
 
 
+def desired_route_version(estate: Estate) -> str:
+    """The version of route `orders`' entry in the gateway's desired policy set (from the CP's preview
+    of the Link's translation): what Envoy's route built with that set names in each Check (Envoy
+    redacts context extensions in its config dump)."""
+    sets = estate.admin.preview()["policy_sets"][AUTHZ_POLICY_SET]
+    (entry,) = [r for r in sets[0]["routes"] if r["route_id"] == "orders"]
+    return route_version(json_format.ParseDict(entry, authz_pb2.AuthzRoute()))
+
+
 def direct_check(estate: Estate, token: str, version: str) -> external_auth_pb2.CheckResponse:
-    """The Check Envoy sends for a request on route `orders` built with policy set `version`."""
+    """The Check Envoy sends for a request on route `orders` built with the entry `version`."""
     request = external_auth_pb2.CheckRequest()
     request.attributes.context_extensions.update(
-        {"tenant_id": "demo", "api_id": "orders", "route_id": "orders", "policy_set_version": version}
+        {"tenant_id": "demo", "api_id": "orders", "route_id": "orders", "route_version": version}
     )
     http = request.attributes.request.http
     http.id, http.method, http.path = DIRECT_REQUEST_ID, "GET", PATH
@@ -185,6 +198,7 @@ def test_route_built_with_set_n_is_decided_with_n_while_n_plus_1_rolls_out(
     writer = idp.mint(tenant="demo", scope="orders:write")
     assert get(estate, reader).status_code == 200
     set_n = route_policy_version(estate, reader)
+    route_n = desired_route_version(estate)
     accepted_before = len(authz_events(estate, "policy_set_accepted"))
     envoy = estate.envoy.proc
     assert envoy is not None
@@ -204,13 +218,15 @@ def test_route_built_with_set_n_is_decided_with_n_while_n_plus_1_rolls_out(
         )
         set_n1 = accepted[-1]["policy_set_version"]
         assert set_n1 != set_n
+        route_n1 = desired_route_version(estate)
+        assert route_n1 != route_n
         assert estate.admin.status()["state"] == "PENDING"  # Envoy has not acknowledged its part
         # A request on a route built with N: N's scope requirement holds, not N+1's.
-        assert direct_check(estate, reader, set_n).status.code == code_pb2.OK
-        assert direct_check(estate, writer, set_n).denied_response.status.code == 403
+        assert direct_check(estate, reader, route_n).status.code == code_pb2.OK
+        assert direct_check(estate, writer, route_n).denied_response.status.code == 403
         # The same request on a route built with N+1 follows N+1.
-        assert direct_check(estate, reader, set_n1).denied_response.status.code == 403
-        assert direct_check(estate, writer, set_n1).status.code == code_pb2.OK
+        assert direct_check(estate, reader, route_n1).denied_response.status.code == 403
+        assert direct_check(estate, writer, route_n1).status.code == code_pb2.OK
     finally:
         os.kill(envoy.pid, signal.SIGCONT)
     estate.admin.wait_synced()
@@ -218,7 +234,7 @@ def test_route_built_with_set_n_is_decided_with_n_while_n_plus_1_rolls_out(
     assert get(estate, writer).status_code == 200
     assert get(estate, reader).status_code == 403
     # Set N is still kept for routes built with it.
-    assert direct_check(estate, reader, set_n).status.code == code_pb2.OK
+    assert direct_check(estate, reader, route_n).status.code == code_pb2.OK
 
 
 @pytest.fixture(scope="module")

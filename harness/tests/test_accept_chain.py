@@ -93,7 +93,7 @@ def test_every_routed_request_was_checked_before_the_upstream_saw_it(chain: Esta
         assert check.at < arrivals[probe].at, f"request {probe} reached the upstream before its Check"
         assert check.context_extensions["tenant_id"] == TENANT
         assert check.context_extensions["api_id"] == check.context_extensions["route_id"] == "chain"
-        assert check.context_extensions["policy_set_version"]
+        assert check.context_extensions["route_version"]
 
 
 def test_a_denied_request_never_reaches_the_upstream(chain: Estate) -> None:

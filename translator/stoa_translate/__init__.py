@@ -68,11 +68,11 @@ class Translator:
     def _render(
         self, site: ir.SiteIR
     ) -> tuple[Snapshot, dict[ir.RouteIR, bytes], dict[bytes, frozenset[str]]]:
-        # The routes carry the policy-set version, so the set is rendered first.
         policy_set = render_policy_set(site)
+        # The virtual host names the processing set's version, so that set is rendered first.
         proc_set = render_proc_policy_set(site)
         proc_version = proc_set.version if site.needs_processing() else None
-        routes, rendered = render_routes(site, self.options, policy_set.version, proc_version, self._rendered)
+        routes, rendered = render_routes(site, self.options, proc_version, self._rendered)
         snapshot = Snapshot.build(
             site.gateway_id,
             site.generation,

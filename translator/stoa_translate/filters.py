@@ -189,31 +189,29 @@ def router_filter() -> message.Message:
 EXT_AUTHZ_DISABLED = ext_authz_pb2.ExtAuthzPerRoute(disabled=True)
 
 
-def ext_authz_route(tenant_id: str, api_id: str, route_id: str) -> ext_authz_pb2.ExtAuthzPerRoute:
+def ext_authz_route(
+    tenant_id: str, api_id: str, route_id: str, route_version: str
+) -> ext_authz_pb2.ExtAuthzPerRoute:
+    """The Check's context: the route, and the version of its entry in the authorization policy set
+    (`stoa_translate.policy_set.route_version`), so the service decides it with a set holding the
+    route as this entry was built, and no other route's change ever touches this entry."""
     return ext_authz_pb2.ExtAuthzPerRoute(
         check_settings=ext_authz_pb2.CheckSettings(
-            context_extensions={"tenant_id": tenant_id, "api_id": api_id, "route_id": route_id}
+            context_extensions={
+                "tenant_id": tenant_id,
+                "api_id": api_id,
+                "route_id": route_id,
+                "route_version": route_version,
+            }
         )
     )
 
 
-def virtual_host_configs(policy_set_version: str, proc_version: str | None) -> dict[str, any_pb2.Any]:
-    """typed_per_filter_config of the virtual host: what every route shares.
-
-    Envoy merges ext_authz context extensions from the virtual host into each route's (the more
-    specific keys win), so a Check carries `policy_set_version` with the route's own keys while the
-    route entries stay independent of the policy set: a new route re-renders only itself. The
-    processing service's stream metadata merges the same way (`proc_version` when a route uses it).
-    """
-    configs = {
-        EXT_AUTHZ_FILTER: packed(
-            ext_authz_pb2.ExtAuthzPerRoute(
-                check_settings=ext_authz_pb2.CheckSettings(
-                    context_extensions={"policy_set_version": policy_set_version}
-                )
-            )
-        )
-    }
+def virtual_host_configs(proc_version: str | None) -> dict[str, any_pb2.Any]:
+    """typed_per_filter_config of the virtual host: what every route shares. The processing
+    service's stream metadata names the processing policy set (when a route uses it); Envoy merges it
+    into each route's own."""
+    configs = {}
     if proc_version is not None:
         configs[EXT_PROC_FILTER] = packed(
             ext_proc_pb2.ExtProcPerRoute(

@@ -2,8 +2,13 @@
 
 Its `version` hashes its content only (routes, issuers, consumers, subscriptions, revocations),
 never the generation or the gateway id: a generation that changes nothing the service decides on
-keeps the same version, so the Envoy routes (whose virtual host carries it as the context extension
-`policy_set_version`) stay byte-identical too.
+keeps the same version.
+
+Each Envoy route decided by the service names, as the context extension `route_version`, the version
+of its own entry in the set (`route_version`), not the set's: the service decides a Check with the
+newest set it holds that has the route as Envoy's entry was built with. So a route decided with set N
+while N+1 rolls out (or after N+1 is refused) still gets N's rules, and a change elsewhere in the set
+(another route, a consumer, a key) leaves every other route's Envoy entries untouched.
 """
 
 from __future__ import annotations
@@ -22,27 +27,41 @@ POLICY_SET_NAME = "default"
 PolicySetT = TypeVar("PolicySetT", authz_pb2.AuthzPolicySet, proc_pb2.ProcPolicySet)
 
 
+def route_version(entry: authz_pb2.AuthzRoute) -> str:
+    """The version of one route's entry: the hash of its deterministic serialisation. The translator
+    puts it on the route's Envoy entries, the authorization service computes it from the entry it
+    loaded: equal content, equal version, on both sides."""
+    return hashlib.sha256(entry.SerializeToString(deterministic=True)).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=65_536)
+def _authz_route(r: RouteIR) -> authz_pb2.AuthzRoute:
+    return authz_pb2.AuthzRoute(
+        route_id=r.route_id,
+        tenant_id=r.tenant_id,
+        api_id=r.api_id,
+        auth_mode=r.auth_mode,
+        scopes=r.scopes,
+        verified_by_envoy=r.placement == placement.SERVICE_VERIFIED_TOKEN,
+        envelope=r.envelope,
+        key_header=r.key_header,
+        subscription=r.subscription,
+        opa=r.policy("opa").message() if r.policy("opa") else None,
+    )
+
+
+@functools.lru_cache(maxsize=65_536)
+def route_version_of(r: RouteIR) -> str:
+    """`route_version` of the entry `r` gets in the set (what its Envoy entries pass to the Check)."""
+    return route_version(_authz_route(r))
+
+
 @functools.lru_cache(maxsize=65_536)
 def _route_entry(r: RouteIR) -> bytes:
     """One route of the set, serialised as a set holding only it: serialised messages concatenate
     into their merge (repeated fields appended in order), so 10,000 entries are parsed once from
     their joined bytes and only a changed route is built again (routes are value objects)."""
-    return authz_pb2.AuthzPolicySet(
-        routes=[
-            authz_pb2.AuthzRoute(
-                route_id=r.route_id,
-                tenant_id=r.tenant_id,
-                api_id=r.api_id,
-                auth_mode=r.auth_mode,
-                scopes=r.scopes,
-                verified_by_envoy=r.placement == placement.SERVICE_VERIFIED_TOKEN,
-                envelope=r.envelope,
-                key_header=r.key_header,
-                subscription=r.subscription,
-                opa=r.policy("opa").message() if r.policy("opa") else None,
-            )
-        ]
-    ).SerializeToString()
+    return authz_pb2.AuthzPolicySet(routes=[_authz_route(r)]).SerializeToString()
 
 
 def render_policy_set(site: SiteIR) -> authz_pb2.AuthzPolicySet:

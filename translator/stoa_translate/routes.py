@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2
+from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
 from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from google.protobuf import any_pb2, duration_pb2, message
 from stoa_proto.decisions import API_HEADER, TENANT_HEADER
@@ -47,6 +48,7 @@ from stoa_translate.filters import (
 from stoa_translate.ir import MCP_KIND, RouteIR, SiteIR
 from stoa_translate.options import TranslateOptions
 from stoa_translate.policies import KINDS
+from stoa_translate.policy_set import route_version_of
 
 ROUTE_CONFIG_NAME = "stoa-routes"
 VIRTUAL_HOST_NAME = "stoa"
@@ -65,15 +67,15 @@ CREDENTIAL_HEADER = "authorization"
 # Route → its entries, serialised as a VirtualHost holding only them, for one set of options.
 # Serialised messages concatenate into one message with the repeated field appended in order, so the
 # virtual host is parsed once from the joined bytes instead of being rebuilt entry by entry: with
-# 10,000 routes and one changed (or added), one route is rendered again. The entries do not depend on
-# the policy-set version (it sits on the virtual host), so a new set costs nothing here.
+# 10,000 routes and one changed (or added), one route is rendered again. The entries depend on their
+# own route only (a Check names the version of its route's policy-set entry, not the set's), so a new
+# set costs nothing here.
 RenderedRoutes = Mapping[RouteIR, bytes]
 
 
 def render_routes(
     site: SiteIR,
     options: TranslateOptions,
-    policy_set_version: str,
     proc_version: str | None,
     previous: RenderedRoutes,
 ) -> tuple[route_pb2.RouteConfiguration, dict[RouteIR, bytes]]:
@@ -91,7 +93,7 @@ def render_routes(
         name=ROUTE_CONFIG_NAME, request_headers_to_remove=list(CLIENT_HEADERS_REMOVED)
     )
     host = config.virtual_hosts.add(name=VIRTUAL_HOST_NAME, domains=["*"])
-    for name, per_filter in virtual_host_configs(policy_set_version, proc_version).items():
+    for name, per_filter in virtual_host_configs(proc_version).items():
         host.typed_per_filter_config[name].CopyFrom(per_filter)
     host.routes.extend(_refuse_path(name, pattern) for name, pattern in REFUSAL_ROUTES)
     # Exact paths, before every prefix entry (a route with prefix "/" would take them otherwise).
@@ -183,18 +185,22 @@ def _entries(route: RouteIR, options: TranslateOptions) -> list[route_components
 def _decision_configs(route: RouteIR, options: TranslateOptions) -> dict[str, any_pb2.Any]:
     """Who decides this route: the Check (its context), or Envoy's filters (the Check disabled)."""
     if route.placement == placement.SERVICE:
-        return {EXT_AUTHZ_FILTER: packed(ext_authz_route(route.tenant_id, route.api_id, route.route_id))}
+        return {EXT_AUTHZ_FILTER: packed(_check_context(route))}
     configs = {}
     if route.placement == placement.ENVOY:
         configs[EXT_AUTHZ_FILTER] = packed(EXT_AUTHZ_DISABLED)
         if route.auth_mode == "jwt":
             configs[CLAIMS_RBAC_FILTER] = packed(claims.claims_config(route, options))
     else:
-        configs[EXT_AUTHZ_FILTER] = packed(ext_authz_route(route.tenant_id, route.api_id, route.route_id))
+        configs[EXT_AUTHZ_FILTER] = packed(_check_context(route))
     if route.auth_mode == "jwt":
         configs[REQUEST_RBAC_FILTER] = packed(claims.request_config())
         configs[JWT_AUTHN_FILTER] = packed(jwt_authn.route_config(route, token_by_envoy=True))
     return configs
+
+
+def _check_context(route: RouteIR) -> ext_authz_pb2.ExtAuthzPerRoute:
+    return ext_authz_route(route.tenant_id, route.api_id, route.route_id, route_version_of(route))
 
 
 def _identity_headers(route: RouteIR) -> list[base_pb2.HeaderValueOption]:

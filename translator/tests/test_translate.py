@@ -14,6 +14,7 @@ from stoa_proto.bodies import DENY_BODIES
 from stoa_proto.paths import REFUSED_PATHS
 from stoa_translate import TranslateOptions, translate
 from stoa_translate.policies.cors import origin_matcher
+from stoa_translate.policy_set import route_version
 from stoa_translate.refusal import FailureReason, Refusal
 from stoa_translate.routes import REFUSAL_ROUTES
 from stoa_translate.snapshot import AUTHZ_POLICY_SET, CLUSTER, ENVOY_TYPES, LISTENER, ROUTE, Snapshot
@@ -152,21 +153,44 @@ def _context_extensions(
     return dict(per_route.check_settings.context_extensions)
 
 
-def test_every_route_carries_its_context_extensions_and_the_host_the_policy_set_version() -> None:
+def test_every_route_carries_its_context_extensions_with_its_own_entrys_version() -> None:
     snapshot = translate(inventory([route("a", tenant_id="t1", api_id="api-a"), route("b")]), OPTIONS)
     (policy_set,) = snapshot.of(AUTHZ_POLICY_SET)
     (config,) = snapshot.of(ROUTE)
-    # Envoy merges the virtual host's extensions into each route's (checked through Envoy in
-    # test_link_translate_envoy), so the version is stated once for all routes.
-    assert _context_extensions(config.virtual_hosts[0]) == {"policy_set_version": policy_set.version}
+    # Nothing of the policy set on the virtual host: a Check names its route's entry only.
+    assert "envoy.filters.http.ext_authz" not in config.virtual_hosts[0].typed_per_filter_config
+    versions = {r.route_id: route_version(r) for r in policy_set.routes}
     for entry in entries(snapshot):
         ext = _context_extensions(entry)
-        assert set(ext) == {"tenant_id", "api_id", "route_id"}
+        assert set(ext) == {"tenant_id", "api_id", "route_id", "route_version"}
         assert ext["route_id"] == entry.name.split(":")[0]
+        assert ext["route_version"] == versions[ext["route_id"]]
     assert {(r.route_id, r.tenant_id, r.api_id, r.auth_mode) for r in policy_set.routes} == {
         ("a", "t1", "api-a", "jwt"),
         ("b", "acme", "b", "jwt"),
     }
+
+
+def test_a_policy_set_change_elsewhere_leaves_the_route_configuration_byte_identical() -> None:
+    issuers = [{"tenant_id": "acme", "issuer": "https://idp.acme", "jwks_json": "{}"}]
+    before = translate(inventory(BASE), OPTIONS)
+    after = translate(inventory(BASE, 2, issuers=issuers), OPTIONS)
+    assert before.of(AUTHZ_POLICY_SET)[0].version != after.of(AUTHZ_POLICY_SET)[0].version
+    assert [r.SerializeToString(deterministic=True) for r in before.of(ROUTE)] == [
+        r.SerializeToString(deterministic=True) for r in after.of(ROUTE)
+    ]
+    # A route's own change changes its entry's version, which its Envoy entries name.
+    scoped = translate(inventory([dict(BASE[0], scopes=["admin"]), *BASE[1:]], 3), OPTIONS)
+    route_id = BASE[0]["route_id"]
+    named = {
+        _context_extensions(e)["route_version"] for e in entries(scoped) if e.name.startswith(f"{route_id}:")
+    }
+    assert named == {
+        route_version(r) for r in scoped.of(AUTHZ_POLICY_SET)[0].routes if r.route_id == route_id
+    }
+    assert named.isdisjoint(
+        _context_extensions(e)["route_version"] for e in entries(before) if e.name.startswith(f"{route_id}:")
+    )
 
 
 def test_a_new_route_leaves_the_other_route_entries_byte_identical() -> None:

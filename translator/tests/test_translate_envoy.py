@@ -19,18 +19,19 @@ from stoa_harness.witness import CheckWitness
 from stoa_proto import inventory_pb2
 from stoa_proto.bodies import DENY_BODIES
 from stoa_translate import TranslateOptions, translate
+from stoa_translate.policy_set import route_version
 from stoa_translate.snapshot import AUTHZ_POLICY_SET
 from stoa_translate.static import static_bootstrap
 
 
 class Site:
     def __init__(
-        self, url: str, upstream: EchoUpstream, witness: CheckWitness, policy_set_version: str
+        self, url: str, upstream: EchoUpstream, witness: CheckWitness, route_versions: dict[str, str]
     ) -> None:
         self.url = url
         self.upstream = upstream
         self.witness = witness
-        self.policy_set_version = policy_set_version
+        self.route_versions = route_versions
 
     def get(self, path: str, **kwargs: object) -> httpx.Response:
         self.upstream.clear()
@@ -75,7 +76,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             url = f"http://127.0.0.1:{port}"
             wait_until(lambda: _answers(url), 15, "the Envoy listener")
             (policy_set,) = snapshot.of(AUTHZ_POLICY_SET)
-            yield Site(url, upstream, witness, policy_set.version)
+            yield Site(url, upstream, witness, {r.route_id: route_version(r) for r in policy_set.routes})
 
 
 def _answers(url: str) -> bool:
@@ -107,17 +108,14 @@ def test_prefix_match_and_rewrite(site: Site, path: str, upstream_path: str) -> 
 
 
 @pytest.mark.parametrize(("path", "route_id"), [("/apis/a/x", "a"), ("/apis/ab/x", "ab")])
-def test_check_carries_the_routes_keys_merged_with_the_hosts_policy_set_version(
-    site: Site, path: str, route_id: str
-) -> None:
-    # The version sits on the virtual host, the route's own keys on the route: Envoy merges both.
+def test_check_carries_the_routes_keys_and_its_entrys_version(site: Site, path: str, route_id: str) -> None:
     assert site.get(path).status_code == 200
     (check,) = site.witness.checks()
     assert dict(check.context_extensions) == {
         "tenant_id": "t",
         "api_id": route_id,
         "route_id": route_id,
-        "policy_set_version": site.policy_set_version,
+        "route_version": site.route_versions[route_id],
     }
 
 

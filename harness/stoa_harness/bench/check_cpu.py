@@ -35,6 +35,7 @@ from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, Discovery
 from google.protobuf import any_pb2
 from stoa_authz.ads import TYPE_URL
 from stoa_proto import authz_pb2, inventory_pb2
+from stoa_translate.policy_set import route_version
 
 from stoa_harness.bench.rig import cpu_seconds, session_pids
 from stoa_harness.idp import DevIdentityProvider
@@ -66,17 +67,19 @@ class OneSetAds(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             reader.cancel()
 
 
+ORDERS = authz_pb2.AuthzRoute(
+    route_id="orders", tenant_id="acme", api_id="orders", auth_mode="jwt", scopes=["orders:read"]
+)
+ORDERS_VERSION = route_version(ORDERS)
+
+
 def policy_set(idp: DevIdentityProvider) -> DiscoveryResponse:
     message = authz_pb2.AuthzPolicySet(
         name="default",
         version="bench-1",
         gateway_id="gw-bench",
         generation=1,
-        routes=[
-            authz_pb2.AuthzRoute(
-                route_id="orders", tenant_id="acme", api_id="orders", auth_mode="jwt", scopes=["orders:read"]
-            )
-        ],
+        routes=[ORDERS],
         issuers=[
             inventory_pb2.TrustedIssuer(tenant_id="acme", issuer=idp.issuer, jwks_json=json.dumps(idp.jwks()))
         ],
@@ -91,7 +94,7 @@ def check_request(token: str | None, n: int) -> external_auth_pb2.CheckRequest:
     request = external_auth_pb2.CheckRequest()
     attributes = request.attributes
     attributes.context_extensions.update(
-        {"tenant_id": "acme", "api_id": "orders", "route_id": "orders", "policy_set_version": "bench-1"}
+        {"tenant_id": "acme", "api_id": "orders", "route_id": "orders", "route_version": ORDERS_VERSION}
     )
     attributes.source.address.socket_address.address = "127.0.0.1"
     attributes.destination.address.socket_address.address = "127.0.0.1"
