@@ -97,7 +97,7 @@ def _run(settings: LinkSettings) -> None:
     )
     credential = settings.gateway_credential.get_secret_value()
     reporter = Reporter(settings.cp_url, settings.gateway_id, credential, settings=options.to_settings())
-    cp = CpClient(settings.cp_url, settings.gateway_id, credential)
+    cp = CpClient(settings.cp_url, settings.gateway_id, credential, deltas=settings.deltas)
     try:
         store = InventoryStore(settings.state_dir)
         agent = Agent(settings.gateway_id, ads, reporter, Translator(options).translate, store)

@@ -291,9 +291,11 @@ class CpClient(GatewayCaller):
     # The read timeout outlasts the CP's keep-alive comments, so a silently dead stream is noticed.
     timeout = httpx.Timeout(10.0, read=60.0)
 
-    def __init__(self, *access: str, **options: Any) -> None:
-        """`access` and `options` as `GatewayCaller` takes them."""
+    def __init__(self, *access: str, deltas: bool = True, **options: Any) -> None:
+        """`access` and `options` as `GatewayCaller` takes them; `deltas`: follow the event stream as
+        deltas (else every event is a complete inventory)."""
         super().__init__(*access, **options)
+        self._events = "events?deltas=true" if deltas else "events"
         self.last_event_id: int | None = None
         # True while the event stream is open (answered 200 and not yet lost), for /metrics.
         self.stream_open = False
@@ -363,7 +365,7 @@ class CpClient(GatewayCaller):
     async def _follow(self) -> AsyncIterator[Delivery | ToolPermissions]:
         headers = {} if self.last_event_id is None else {"Last-Event-ID": str(self.last_event_id)}
         try:
-            async with aconnect_sse(self._client, "GET", "events?deltas=true", headers=headers) as source:
+            async with aconnect_sse(self._client, "GET", self._events, headers=headers) as source:
                 if source.response.status_code != 200:
                     body = (await source.response.aread()).decode(errors="replace")[:300]
                     raise CpUnavailable(f"GET /events answered {source.response.status_code}: {body}")

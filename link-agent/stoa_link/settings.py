@@ -56,6 +56,9 @@ class LinkSettings(DecisionSettings):
     # The xDS variant the bootstrap asks Envoy to use: "sotw" (state of the world) or "delta"
     # (incremental: only changed resources travel). The ADS server speaks both whatever this says.
     xds: Literal["sotw", "delta"] = "sotw"
+    # Follow the CP's event stream as deltas (what changed, checked against the complete inventory's
+    # hash); false: every event carries the complete inventory (a CP without deltas, or to compare).
+    deltas: bool = True
     state_dir: Path = Path(".stoa/link-state")
     envoy_admin_port: int = Field(default=9901, ge=1, le=65535)
     env: Literal["development", "production"] = "development"

@@ -64,6 +64,24 @@ async def test_fetches_config_then_follows_and_resumes_after_each_break() -> Non
     assert seen_ids == ["1", "3", "3"]
 
 
+@pytest.mark.parametrize(("options", "query"), [({}, "deltas=true"), ({"deltas": False}, "")])
+async def test_the_event_stream_is_followed_as_deltas_unless_turned_off(options: dict, query: str) -> None:
+    asked: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/config"):
+            return httpx.Response(200, text=inventory_json(1))
+        asked.append(request.url.query.decode())
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=sse(2))
+
+    client = CpClient(
+        "http://cp", "gw", "secret", transport=httpx.MockTransport(handler), backoff=fast(), **options
+    )
+    assert [d.generation for d in await take(client, 2)] == [1, 2]
+    await client.aclose()
+    assert asked == [query]
+
+
 async def test_config_outage_is_retried_until_the_cp_answers() -> None:
     calls = 0
 
