@@ -92,7 +92,8 @@ def run(
             )
         change = ladder.one_change(plan.changes, tag=str(LADDER[-1]))
         full = ladder.full(plan.full)
-        out["publication"] = publication.summarise(samples, change, full, change_small)
+        floor = ladder.floor(plan.full)
+        out["publication"] = publication.summarise(samples, change, full, change_small, floor)
         phases["publication_and_footprint"] = time.monotonic() - mark
     out["phase_seconds"] = phases
     out["total_seconds"] = time.monotonic() - started

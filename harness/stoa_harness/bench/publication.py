@@ -11,6 +11,11 @@
   commit to SYNCED, and to the last route answering 200. It runs the whole pipeline once for all
   10,000 routes: CP inventory → SSE → Link guard + translation → authz policy set ACK → Envoy
   CDS/LDS/RDS ACK → sync report.
+- Its floor (issue 14): the time a second Envoy takes to accept the same 10,000 routes as one
+  state-of-the-world RouteConfiguration pushed by a minimal ADS server (the Link's ADS server alone,
+  in process: no CP, no translation, no policy set), measured in the same run; the full publication
+  is reported as a ratio to it. Envoy's resident memory at 10,000 routes, for the estate's Envoy (its
+  xDS variant) and for that one-table Envoy.
 """
 
 from __future__ import annotations
@@ -19,8 +24,15 @@ import json
 import time
 from typing import Any
 
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
+from google.protobuf import json_format
+from stoa_translate.snapshot import CLUSTER, LISTENER, ROUTE, Snapshot
+
+from stoa_harness.ads_site import GATEWAY, AdsSite
 from stoa_harness.bench.report import percentile, spread
-from stoa_harness.bench.rig import TENANT, Rig
+from stoa_harness.bench.rig import TENANT, Rig, rss_mib
 from stoa_harness.wait import wait_until
 
 POLL_S = 0.005
@@ -139,7 +151,40 @@ class Ladder:
             "samples_synced_s": synced_s,
             "samples_serving_s": serving_s,
             "routes": len(self.ids),
+            "envoy_rss_mib": rss_mib(estate.envoy.pid or 0),
         }
+
+    def floor(self, samples: int) -> dict[str, Any]:
+        """s for a second Envoy to accept the gateway's route table (as the CP's preview renders it)
+        pushed alone, state of the world, by the Link's ADS server in process; each sample replaces an
+        empty table of the same name. Also that Envoy's resident memory with the table."""
+        resources = self.rig.estate.admin.preview()["resources"]
+        site = AdsSite(self.rig.run_dir / "floor", xds="sotw")
+        try:
+            clusters = [json_format.ParseDict(c, cluster_pb2.Cluster()) for c in resources[CLUSTER]]
+            listeners = [json_format.ParseDict(c, listener_pb2.Listener()) for c in resources[LISTENER]]
+            for listener in listeners:  # the estate's Envoy holds its port
+                listener.address.socket_address.port_value = site.listener_port
+            tables = [json_format.ParseDict(c, route_pb2.RouteConfiguration()) for c in resources[ROUTE]]
+            empty = [route_pb2.RouteConfiguration(name=t.name) for t in tables]
+            accept_s = []
+            for n in range(samples):
+                for generation, routes in ((2 * n + 1, empty), (2 * n + 2, tables)):
+                    snapshot = Snapshot.build(
+                        GATEWAY, generation, {CLUSTER: clusters, LISTENER: listeners, ROUTE: routes}
+                    )
+                    start = time.perf_counter()
+                    result = site.publish(snapshot)
+                    if not result.acked:
+                        raise AssertionError(f"floor publication refused: {result.reason} {result.detail}")
+                accept_s.append(time.perf_counter() - start)
+            return {
+                "accept_s": spread(accept_s),
+                "samples_accept_s": accept_s,
+                "envoy_rss_mib": rss_mib(site.own_envoy.pid or 0),
+            }
+        finally:
+            site.close()
 
 
 def summarise(
@@ -147,9 +192,15 @@ def summarise(
     change: dict[str, Any],
     full: dict[str, Any],
     change_small: dict[str, Any],
+    floor: dict[str, Any],
 ) -> dict[str, Any]:
     small, large = min(samples_ms), max(samples_ms)
     return {
+        "full_10000_floor_ratio": full["synced_s"]["median"] / floor["accept_s"]["median"],
+        "full_10000_floor_s": floor["accept_s"]["median"],
+        "floor": floor,
+        "envoy_rss_mib_10000": full["envoy_rss_mib"],
+        "envoy_rss_mib_10000_one_table": floor["envoy_rss_mib"],
         # Issue 14: the cost of a change at 10,000 routes against the same at 100, in one run.
         "one_change_ratio": change["serving_ms"]["median"] / change_small["serving_ms"]["median"],
         "new_route_ratio": percentile(samples_ms[large], 99) / percentile(samples_ms[small], 99),
@@ -175,6 +226,11 @@ def summarise(
             "one_change_ratio": "1-route change at 10,000 routes ÷ at 100 (PUT API returned → new path"
             " answering 200), medians of one run",
             "new_route_ratio": "new-route p99 at 10,000 routes ÷ at 100",
+            "full_10000_floor_ratio": "full_10000 (to SYNCED) ÷ the time a second Envoy takes to accept the"
+            " same routes as one state-of-the-world RouteConfiguration pushed alone by the Link's ADS"
+            " server in process (medians of one run)",
+            "envoy_rss_mib_10000": "the estate Envoy's resident memory after the full publication (its xDS"
+            " variant); _one_table: the floor's Envoy holding the one table",
             "sse_bytes": "bytes of the event that brought the change to the Link (its log)",
             "seeding": "bulk through SQL in one CP-style transaction per step (see rig.py);"
             " measured publications through the CP API",
