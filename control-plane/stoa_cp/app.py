@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 
-from stoa_cp import permissions, problems, trust
+from stoa_cp import openapi, permissions, problems, trust
 from stoa_cp.access import Authentication, on_taken
 from stoa_cp.events import InventoryEvents
 from stoa_cp.principal import Authenticator
@@ -130,6 +130,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.metrics = metrics.Metrics()
     app.state.delta_tracker = DeltaTracker()
     problems.install(app)
+    openapi.install(app, settings)
     app.add_exception_handler(Taken, on_taken)
     app.add_middleware(
         BodyLimit,

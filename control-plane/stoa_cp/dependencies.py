@@ -9,6 +9,7 @@ from fastapi import Depends, Path, Request
 from stoa_translate.policies import ListLimits
 
 from stoa_cp.problems import not_found
+from stoa_cp.settings import Settings
 from stoa_cp.store import gateways, tenants
 from stoa_cp.store.database import Database
 
@@ -34,9 +35,8 @@ async def existing_gateway(gateway_id: Annotated[str, Path()], db: Db) -> str:
     return gateway_id
 
 
-def policy_limits(request: Request) -> ListLimits:
+def limits_of(settings: Settings) -> ListLimits:
     """How many entries a policy's lists may hold, from the settings."""
-    settings = request.app.state.settings
     return ListLimits(
         origins=settings.policy_max_origins,
         headers=settings.policy_max_headers,
@@ -44,6 +44,10 @@ def policy_limits(request: Request) -> ListLimits:
         patterns=settings.policy_max_patterns,
         entries=settings.policy_max_entries,
     )
+
+
+def policy_limits(request: Request) -> ListLimits:
+    return limits_of(request.app.state.settings)
 
 
 ExistingTenant = Annotated[str, Depends(existing_tenant)]

@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 PROBLEM_JSON = "application/problem+json"
 T = TypeVar("T")
@@ -81,6 +82,18 @@ class Taken(Problem):
         self.holder_tenant = holder_tenant
 
 
+_BODY_UNPARSABLE = "There was an error parsing the body"  # FastAPI's text for an undecodable body
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves on the request's path."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if isinstance(route, Route) and route.methods and route.path_regex.match(request.scope["path"]):
+            methods |= route.methods
+    return sorted(methods)
+
+
 def field_path(loc: Sequence[str | int]) -> str:
     """('body', 'config', 'allowedOrigins', 1) -> 'config.allowedOrigins[1]'."""
     parts = list(loc)
@@ -88,6 +101,8 @@ def field_path(loc: Sequence[str | int]) -> str:
         parts = parts[1:]
     out = ""
     for part in parts:
+        if part == "[key]":  # pydantic's marker for a mapping's key: the field is the key itself
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -103,7 +118,22 @@ def install(app: FastAPI) -> None:
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         errors = []
+        # A body told apart by its `type` (policies) puts that tag in each error's location.
+        tag = exc.body.get("type") if isinstance(exc.body, dict) else None
         for err in exc.errors():
+            if err.get("type") == "union_tag_invalid":
+                ctx = err.get("ctx") or {}
+                supported = str(ctx.get("expected_tags", "")).replace("'", "")
+                errors.append(
+                    ("type", f"{ctx.get('tag')!r} is not a supported type (supported: {supported})")
+                )
+                continue
+            if err.get("type") == "union_tag_not_found":
+                errors.append(("type", "is required"))
+                continue
+            loc = tuple(err.get("loc", ()))
+            if len(loc) > 1 and loc[0] == "body" and tag is not None and loc[1] == tag:
+                err = {**err, "loc": (loc[0], *loc[2:])}
             if err.get("type") == "json_invalid":
                 # loc is ("body", character offset): the field is the body itself.
                 where = err.get("loc", ("body", 0))[-1]
@@ -116,10 +146,19 @@ def install(app: FastAPI) -> None:
             errors.append((field_path(err.get("loc", ())), message))
         return Problem(422, "Validation failed", errors).response()
 
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        headers = dict(exc.headers) if exc.headers else None
-        return Problem(exc.status_code, str(exc.detail)).response(headers)
+        headers = dict(exc.headers) if exc.headers else {}
+        if exc.status_code == 405:
+            # The router names only the first route of the path; the path serves all of these.
+            headers["Allow"] = ", ".join(allowed_methods(request))
+            return Problem(
+                405, "Method not allowed", [("method", f"{request.method} is not served here")]
+            ).response(headers)
+        if exc.status_code == 400 and exc.detail == _BODY_UNPARSABLE:
+            # Bytes that are not UTF-8 text never reach the JSON parser (and its 422).
+            return Problem(400, "Bad request", [("body", "is not JSON text in UTF-8")]).response()
+        return Problem(exc.status_code, str(exc.detail)).response(headers or None)
 
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
@@ -143,15 +182,21 @@ def answered(response: Response, resource: T, created: bool) -> T:
     return resource
 
 
-PROBLEM_RESPONSES: dict[int | str, dict[str, object]] = {
-    status: {"model": ProblemBody, "content": {PROBLEM_JSON: {}}, "description": desc}
-    for status, desc in (
-        (401, "Missing or unknown credential"),
-        (403, "Credential of another principal"),
-        (404, "Unknown resource (the field is named)"),
-        (409, "Conflict (the field is named)"),
-        (413, "Request body over its limit (the setting is named)"),
-        (422, "Invalid input (each bad field is named)"),
-        (503, "The database did not answer within its bounds (Retry-After)"),
-    )
-}
+def problem_responses(*statuses: tuple[int, str]) -> dict[int | str, dict[str, object]]:
+    """OpenAPI responses with the problem body, for each (status, description)."""
+    return {
+        status: {"model": ProblemBody, "content": {PROBLEM_JSON: {}}, "description": desc}
+        for status, desc in statuses
+    }
+
+
+PROBLEM_RESPONSES = problem_responses(
+    (400, "The body is not JSON text in UTF-8"),
+    (401, "No credential, or one that does not verify"),
+    (403, "A credential whose role does not allow this (or another gateway's credential)"),
+    (404, "Unknown resource, or another tenant's (the field is named)"),
+    (409, "Conflict with the stored state (the field is named)"),
+    (413, "Request body over its limit (the setting is named)"),
+    (422, "Invalid input (each bad field is named)"),
+    (503, "The database did not answer within its bounds (Retry-After)"),
+)

@@ -3,25 +3,37 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
+    AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
+    PlainValidator,
+    StrictBool,
     StringConstraints,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic_core import InitErrorDetails
 from stoa_translate import fields
 from stoa_translate import tools as tool_rules
+from stoa_translate.jwks import MAX_KEYS
+from stoa_translate.policies.kind import MAX_TEXT, MAX_UINT32
+from typing_extensions import TypeAliasType
+
+from stoa_cp import syntax
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
@@ -85,18 +97,63 @@ def _http_url(value: str) -> str:
     return value
 
 
+def _json_integer(value: object) -> object:
+    # JSON has one number type: 5.0 is the integer 5, but "5" and true are not integers.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("must be a whole number")
+    return value
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    # Absent is not null: the field is optional, but null is not one of its values.
+    schema.pop("default", None)
+
+
+def whole(low: int, high: int) -> Any:
+    """An integer from `low` to `high` (the bounds inside, so that the schema publishes them)."""
+    return Annotated[int, Field(ge=low, le=high), BeforeValidator(_json_integer)]
+
+
+def _rfc3339(value: object) -> object:
+    # The published format is date-time (RFC 3339): a bare number or a date alone is not one.
+    if not isinstance(value, str) or not _RFC3339.match(value):
+        raise ValueError("must be an RFC 3339 date-time with a zone (2026-01-01T00:00:00Z)")
+    return value
+
+
+_RFC3339 = re.compile(
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+)
+
 Name = Annotated[
-    str, StringConstraints(min_length=1, max_length=200, strip_whitespace=True), AfterValidator(_storable)
+    str, StringConstraints(min_length=1, max_length=200, pattern=syntax.TEXT), AfterValidator(_storable)
 ]
 JsonObject = Annotated[dict[str, Any], AfterValidator(_storable)]
-UpstreamUrl = Annotated[str, StringConstraints(max_length=MAX_URL_LENGTH), AfterValidator(_upstream_url)]
-PathPrefix = Annotated[str, StringConstraints(max_length=MAX_URL_LENGTH), AfterValidator(_path_prefix)]
-Methods = Annotated[list[str], Field(min_length=1), AfterValidator(fields.methods)]
-Scopes = Annotated[list[str], AfterValidator(fields.scopes)]
-PolicyType = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
-HttpUrl = Annotated[
-    str, StringConstraints(max_length=MAX_URL_LENGTH), AfterValidator(_storable), AfterValidator(_http_url)
+UpstreamUrl = Annotated[
+    str,
+    StringConstraints(max_length=MAX_URL_LENGTH, pattern=syntax.UPSTREAM_URL),
+    AfterValidator(_upstream_url),
 ]
+PathPrefix = Annotated[
+    str, StringConstraints(max_length=MAX_URL_LENGTH, pattern=syntax.PATH), AfterValidator(_path_prefix)
+]
+# Either case is accepted and stored upper-case (`get` → `GET`).
+MethodName = Literal[
+    "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS",
+    "get", "head", "post", "put", "patch", "delete", "options",
+]  # fmt: skip
+Methods = Annotated[list[MethodName], Field(min_length=1), AfterValidator(fields.methods)]
+Scope = Annotated[str, StringConstraints(max_length=fields.MAX_SCOPE_LENGTH, pattern=syntax.SCOPE)]
+Scopes = Annotated[list[Scope], Field(max_length=fields.MAX_SCOPES), AfterValidator(fields.scopes)]
+HttpUrl = Annotated[
+    str,
+    StringConstraints(max_length=MAX_URL_LENGTH, pattern=syntax.HTTP_URL),
+    AfterValidator(_storable),
+    AfterValidator(_http_url),
+]
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_rfc3339)]
 
 
 class Strict(BaseModel):
@@ -123,12 +180,23 @@ KeyHeader = Annotated[str, StringConstraints(max_length=64), AfterValidator(_key
 
 
 class ApiAuth(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        # The envelope carries a verified token's identity: never with mode none.
+        json_schema_extra={
+            "not": {
+                "required": ["mode", "envelope"],
+                "properties": {"mode": {"const": "none"}, "envelope": {"const": True}},
+            }
+        },
+    )
+
     mode: Literal["jwt", "none", "api_key"] = "jwt"
     scopes: Scopes = []
     # The upstream also gets the client's credential (by default it is removed once checked).
-    forward_credential: bool = False
+    forward_credential: StrictBool = False
     # The upstream gets the signed identity envelope; the authorization service then decides the API.
-    envelope: bool = False
+    envelope: StrictBool = False
 
     @field_validator("envelope")
     @classmethod
@@ -161,6 +229,28 @@ class ApiAuth(Strict):
 class ApiAuthIn(ApiAuth):
     """What a write may say (stored APIs are read back as `ApiAuth`, whatever an older CP accepted)."""
 
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "allOf": [
+                # The envelope carries a verified token's identity: never with mode none.
+                {
+                    "not": {
+                        "required": ["mode", "envelope"],
+                        "properties": {"mode": {"const": "none"}, "envelope": {"const": True}},
+                    }
+                },
+                # Mode none consumes no credential: there is none to forward.
+                {
+                    "not": {
+                        "required": ["mode", "forward_credential"],
+                        "properties": {"mode": {"const": "none"}, "forward_credential": {"const": True}},
+                    }
+                },
+            ]
+        },
+    )
+
     @field_validator("forward_credential")
     @classmethod
     def _forwarding_needs_a_credential(cls, value: bool, info: ValidationInfo) -> bool:
@@ -173,6 +263,21 @@ class ApiAuthIn(ApiAuth):
 
 
 class ApiFields(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        # Kind http needs its upstream_url; kind mcp has none and is always called with a token.
+        json_schema_extra={
+            "if": {"required": ["kind"], "properties": {"kind": {"const": "mcp"}}},
+            "then": {
+                "properties": {
+                    "upstream_url": {"type": "null"},
+                    "auth": {"properties": {"mode": {"const": "jwt"}}},
+                }
+            },
+            "else": {"required": ["upstream_url"], "properties": {"upstream_url": {"type": "string"}}},
+        },
+    )
+
     name: Name
     # "http": proxied to upstream_url; "mcp": an MCP route answered by the site's MCP module with the
     # tools of the API's tenant (no upstream_url; identity from the signed envelope, so always a token).
@@ -180,7 +285,7 @@ class ApiFields(Strict):
     upstream_url: UpstreamUrl | None = None
     path_prefix: PathPrefix | None = None
     methods: Methods
-    timeout_ms: int | None = Field(default=None, ge=1, le=3_600_000)
+    timeout_ms: whole(1, 3_600_000) | None = None
     auth: ApiAuthIn = Field(default_factory=ApiAuthIn)
 
     @model_validator(mode="wrap")
@@ -227,9 +332,7 @@ class ApiIn(ApiFields):
 
 
 class ApiUpdate(ApiFields):
-    """PUT replaces every field; `api_id`, when given, must equal the path's."""
-
-    api_id: Identifier | None = None
+    """PUT replaces every field; the id is the path's (an API cannot be renamed)."""
 
 
 class ApiOut(BaseModel):
@@ -258,7 +361,9 @@ def _rule(check: Any) -> Any:
     return validate
 
 
-ToolName = Annotated[str, AfterValidator(_rule(tool_rules.name))]
+ToolName = Annotated[
+    str, StringConstraints(pattern=tool_rules.TOOL_NAME.pattern), AfterValidator(_rule(tool_rules.name))
+]
 
 
 class ToolBudget(Strict):
@@ -295,9 +400,7 @@ class ToolIn(ToolFields):
 
 
 class ToolUpdate(ToolFields):
-    """PUT replaces every field; `name`, when given, must equal the path's."""
-
-    name: ToolName | None = None
+    """PUT replaces every field; the name is the path's (a tool cannot be renamed)."""
 
 
 class ToolOut(BaseModel):
@@ -314,6 +417,17 @@ class ToolOut(BaseModel):
 
 
 class ToolGrantIn(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        # A grant names consumers or scopes (or both): it grants nobody otherwise.
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["consumers"], "properties": {"consumers": {"minItems": 1}}},
+                {"required": ["scopes"], "properties": {"scopes": {"minItems": 1}}},
+            ]
+        },
+    )
+
     grant_id: Identifier
     tool: ToolName
     consumers: list[
@@ -426,32 +540,346 @@ class GatewayStatus(BaseModel):
 
 
 # -- policies -----------------------------------------------------------------------------------
-class TenantPolicyFields(Strict):
-    type: PolicyType
-    config: JsonObject
+# One config model per kind the site supports, each a subset of that kind's own rules
+# (`stoa_translate.policies`), which still run on every write and give the stored normal form.
+# How many entries a config's list (or map) may hold is a CP setting (`policy_max_<limit>`), enforced
+# by the translator's count rule (a 422 naming the list and the setting); `/openapi.json` publishes
+# the configured number in place of this mark (`stoa_cp.openapi`).
+LIMIT = "x-stoa-limit"
+MAX_TARGETS = 256  # the APIs one api-scoped policy names
+
+
+def bounded(limit: str, **field: Any) -> Any:
+    """A list field of a policy config whose length is bounded by the setting `policy_max_<limit>`."""
+    return Field(json_schema_extra={LIMIT: limit}, **field)
+
+
+Entries = bounded("entries", default=[])
+Origin = Annotated[str, StringConstraints(max_length=MAX_TEXT, pattern=syntax.ORIGIN)]
+HeaderName = Annotated[str, StringConstraints(max_length=MAX_TEXT, pattern=syntax.HEADER_NAME)]
+IpNetwork = Annotated[str, StringConstraints(max_length=MAX_TEXT, pattern=syntax.IP_NETWORK)]
+Count = whole(1, MAX_UINT32)
+
+_NO_CREDENTIALS_WITH_ANY_ORIGIN = {
+    "not": {
+        "required": ["allowCredentials", "allowedOrigins"],
+        "properties": {"allowCredentials": {"const": True}, "allowedOrigins": {"contains": {"const": "*"}}},
+    }
+}
+
+
+class CorsConfig(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_NO_CREDENTIALS_WITH_ANY_ORIGIN)
+
+    allowedOrigins: list[Origin] = bounded("origins", min_length=1)
+    allowedMethods: list[MethodName] = Entries
+    allowedHeaders: list[HeaderName] = bounded("headers", default=[])
+    exposeHeaders: list[HeaderName] = bounded("headers", default=[])
+    maxAge: whole(0, MAX_UINT32) | None = None
+    allowCredentials: StrictBool = False
+
+    @field_validator("allowCredentials")
+    @classmethod
+    def _credentials(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and "*" in info.data.get("allowedOrigins", []):
+            raise ValueError("cannot be true when allowedOrigins contains '*'")
+        return value
+
+
+class RateLimitConfig(Strict):
+    maxRequests: Count
+    intervalSeconds: Count
+
+
+class IpFilterConfig(Strict):
+    mode: Literal["allow", "deny"]
+    ip_list: list[IpNetwork] = bounded("addresses", min_length=1)
+
+
+PiiKind = Literal["email", "card", "iban", "phone"]
+# Text without control characters (a pattern's RE2 syntax is the kind's rule, a 422 naming it).
+Pattern = Annotated[str, StringConstraints(max_length=MAX_TEXT, pattern=syntax.TEXT)]
+
+
+class PiiRule(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "if": {"required": ["action"]},
+            "then": {"required": ["kinds"], "properties": {"kinds": {"minItems": 1}}},
+        },
+    )
+
+    kinds: list[PiiKind] = Field(default=[], max_length=4, json_schema_extra={"uniqueItems": True})
+    action: Literal["block", "redact"] = Field(default=None, json_schema_extra=_no_default)  # type: ignore[assignment]
+
+    @field_validator("kinds")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("must be distinct")
+        return value
+
+    @field_validator("action")
+    @classmethod
+    def _with_kinds(cls, value: str, info: ValidationInfo) -> str:
+        if not info.data.get("kinds"):
+            raise ValueError("needs pii.kinds (at least one kind)")
+        return value
+
+
+class GuardrailsConfig(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        # At least one rule: a pattern, a PII kind, a JSON Schema or a size bound.
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["blockPatterns"], "properties": {"blockPatterns": {"minItems": 1}}},
+                {
+                    "required": ["pii"],
+                    "properties": {"pii": {"required": ["kinds"], "properties": {"kinds": {"minItems": 1}}}},
+                },
+                {"required": ["jsonSchema"]},
+                {"required": ["maxBodyBytes"], "properties": {"maxBodyBytes": {"minimum": 1}}},
+            ]
+        },
+    )
+
+    direction: Literal["request", "response", "both"] = "request"
+    maxBodyBytes: whole(0, MAX_UINT32) = 0
+    blockPatterns: list[Pattern] = bounded("patterns", default=[])
+    pii: PiiRule = Field(default=None, json_schema_extra=_no_default)  # type: ignore[assignment]
+    # A JSON Schema (its validity is the kind's rule, a 422 naming it).
+    jsonSchema: JsonObject = Field(default=None, json_schema_extra=_no_default)  # type: ignore[assignment]
+
+    @model_validator(mode="after")
+    def _some_rule(self) -> GuardrailsConfig:
+        if not (self.blockPatterns or (self.pii and self.pii.kinds) or self.jsonSchema or self.maxBodyBytes):
+            raise ValueError("needs blockPatterns, pii, jsonSchema or maxBodyBytes")
+        return self
+
+
+def _json_value(value: Any) -> Any:
+    """Any JSON value the inventory carries as given (its numbers are doubles: within ±2^53)."""
+    found = unstorable(value, "")
+    if found is None:
+        found = _beyond_double(value, "")
+    if found:
+        where, why = found
+        raise ValueError(f"{why} (at {where.lstrip('.')})" if where else why)
+    return value
+
+
+def _beyond_double(value: object, where: str) -> tuple[str, str] | None:
+    if isinstance(value, float) and abs(value) > MAX_JSON_INTEGER:
+        return where, f"must be a number within ±{MAX_JSON_INTEGER}"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _beyond_double(item, f"{where}.{key}" if isinstance(key, str) else f"{where}[{key}]")
+        if found:
+            return found
+    return None
+
+
+NoNul = Annotated[str, WithJsonSchema({"type": "string", "not": {"pattern": "\\u0000"}})]
+JsonNumber = Annotated[float, Field(ge=-MAX_JSON_INTEGER, le=MAX_JSON_INTEGER)]
+# Only the published shape: `_json_value` checks it (one error naming the place, not one per branch).
+JsonValueShape = TypeAliasType(
+    "JsonValue",
+    Union[StrictBool, JsonNumber, NoNul, list["JsonValueShape"], dict[NoNul, "JsonValueShape"], None],  # noqa: UP007
+)
+JsonValue = Annotated[Any, PlainValidator(_json_value, json_schema_input_type=JsonValueShape)]
+
+# A header a transform may set or remove: a lower-case name, never the request line, framing, or the
+# identity the gateway vouches for (the kind's rule, `stoa_translate.policies.transform`).
+_EDITABLE_HEADER: dict[str, Any] = {
+    "type": "string",
+    "maxLength": MAX_TEXT,
+    "pattern": syntax.LOWER_HEADER_NAME,
+    "not": {"anyOf": [{"enum": ["host", "content-length", "transfer-encoding"]}, {"pattern": "^x-stoa-"}]},
+}
+EditableHeader = Annotated[
+    str,
+    StringConstraints(max_length=MAX_TEXT, pattern=syntax.LOWER_HEADER_NAME),
+    WithJsonSchema(_EDITABLE_HEADER),
+]
+HeaderValue = Annotated[str, StringConstraints(max_length=MAX_TEXT, pattern=syntax.PRINTABLE)]
+HeadersSet = Annotated[
+    dict[EditableHeader, HeaderValue],
+    WithJsonSchema(
+        {
+            "type": "object",
+            LIMIT: "entries",
+            "propertyNames": _EDITABLE_HEADER,
+            "additionalProperties": {"type": "string", "maxLength": MAX_TEXT, "pattern": syntax.PRINTABLE},
+        }
+    ),
+]
+Pointer = Annotated[str, StringConstraints(max_length=MAX_TEXT, pattern=syntax.JSON_POINTER)]
+
+
+class HeaderEdits(Strict):
+    set: HeadersSet = Field(default={}, description="Header name → value, set (replacing any)")
+    remove: list[EditableHeader] = Entries
+
+
+class JsonEdit(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {"properties": {"op": {"const": "set"}}},
+                    "then": {"required": ["value"], "properties": {"value": {"not": {"type": "null"}}}},
+                },
+                {"if": {"properties": {"op": {"const": "rename"}}}, "then": {"required": ["to"]}},
+            ]
+        },
+    )
+
+    op: Literal["set", "remove", "rename"]
+    path: Pointer
+    value: JsonValue = Field(default=None, description="The value `set` writes (required for set)")
+    to: Pointer = Field(  # type: ignore[assignment]
+        default=None,
+        description="Where `rename` moves the value (required for rename)",
+        json_schema_extra=_no_default,
+    )
+
+
+class TransformSide(Strict):
+    headers: HeaderEdits = Field(default=None, json_schema_extra=_no_default)  # type: ignore[assignment]
+    json_edits: list[JsonEdit] = bounded("entries", default=[], alias="json")
+
+
+_EDITS = {
+    "anyOf": [
+        {
+            "required": ["headers"],
+            "properties": {
+                "headers": {
+                    "anyOf": [
+                        {"required": ["set"], "properties": {"set": {"minProperties": 1}}},
+                        {"required": ["remove"], "properties": {"remove": {"minItems": 1}}},
+                    ]
+                }
+            },
+        },
+        {"required": ["json"], "properties": {"json": {"minItems": 1}}},
+    ]
+}
+
+
+class TransformConfig(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        # At least one edit, on the request or on the response.
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["request"], "properties": {"request": _EDITS}},
+                {"required": ["response"], "properties": {"response": _EDITS}},
+            ]
+        },
+    )
+
+    request: TransformSide = Field(default=None, json_schema_extra=_no_default)  # type: ignore[assignment]
+    response: TransformSide = Field(default=None, json_schema_extra=_no_default)  # type: ignore[assignment]
+
+
+class CorsPolicy(Strict):
+    type: Literal["cors"]
+    config: CorsConfig
+
+
+class RateLimitPolicy(Strict):
+    type: Literal["rate_limit"]
+    config: RateLimitConfig
+
+
+class IpFilterPolicy(Strict):
+    type: Literal["ip_filter"]
+    config: IpFilterConfig
+
+
+class GuardrailsPolicy(Strict):
+    type: Literal["guardrails"]
+    config: GuardrailsConfig
+
+
+class TransformPolicy(Strict):
+    type: Literal["transform"]
+    config: TransformConfig
+
+
+# The kinds the translator supports (`stoa_translate.policies.SUPPORTED_KINDS`), in its order.
+KINDS: tuple[type[BaseModel], ...] = (
+    CorsPolicy,
+    RateLimitPolicy,
+    IpFilterPolicy,
+    GuardrailsPolicy,
+    TransformPolicy,
+)
+
+
+class TenantPlacement(Strict):
+    model_config = ConfigDict(
+        extra="forbid",
+        # A tenant policy applies to every route of the tenant: it names no targets.
+        json_schema_extra={
+            "if": {"required": ["scope"], "properties": {"scope": {"const": "tenant"}}},
+            "then": {"properties": {"targets": {"maxItems": 0}}},
+        },
+    )
+
     scope: Literal["tenant", "api"]
-    targets: list[Identifier] = []
+    targets: list[Identifier] = Field(default=[], max_length=MAX_TARGETS)
+
+    @field_validator("targets")
+    @classmethod
+    def _targets(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if info.data.get("scope") == "tenant" and value:
+            raise ValueError("must be empty for scope 'tenant' (it applies to every route of the tenant)")
+        return value
+
+
+class Named(Strict):
+    policy_id: Identifier
+
+
+def _bodies(name: str, *bases: type[BaseModel]) -> Any:
+    """The request body: one model per kind (with `bases`), told apart by `type`."""
+    members = tuple(
+        create_model(f"{kind.__name__.removesuffix('Policy')}{name}", __base__=(kind, *bases))
+        for kind in KINDS
+    )
+    return Annotated[Union[members], Field(discriminator="type")]  # noqa: UP007 - a tuple of members
+
+
+TenantPolicyBody = _bodies("TenantPolicy", TenantPlacement, Named)
+TenantPolicyPut = _bodies("TenantPolicyUpdate", TenantPlacement)
+GatewayPolicyBody = _bodies("GatewayPolicy", Named)
+GatewayPolicyPut = _bodies("GatewayPolicyUpdate")
+
+
+# What the store keeps: the config as the site's rules normalised it.
+class TenantPolicyFields(BaseModel):
+    type: str
+    config: dict[str, Any]
+    scope: Literal["tenant", "api"]
+    targets: list[str] = []
 
 
 class TenantPolicyIn(TenantPolicyFields):
-    policy_id: Identifier
+    policy_id: str
 
 
-class TenantPolicyUpdate(TenantPolicyFields):
-    policy_id: Identifier | None = None
-
-
-class GatewayPolicyFields(Strict):
-    type: PolicyType
-    config: JsonObject
+class GatewayPolicyFields(BaseModel):
+    type: str
+    config: dict[str, Any]
 
 
 class GatewayPolicyIn(GatewayPolicyFields):
-    policy_id: Identifier
-
-
-class GatewayPolicyUpdate(GatewayPolicyFields):
-    policy_id: Identifier | None = None
+    policy_id: str
 
 
 class PolicyOut(BaseModel):
@@ -470,10 +898,31 @@ class PolicyOut(BaseModel):
 
 
 # -- issuers ------------------------------------------------------------------------------------
+def _key_set(schema: dict[str, Any]) -> None:
+    _no_default(schema)
+    schema.update(_JWKS_SCHEMA)
+
+
+# What a schema can say of a key set; the rest (public keys only, usable key material, unique kids)
+# is `stoa_translate.jwks`'s rule, a 422 naming the member.
+_JWKS_SCHEMA: dict[str, Any] = {
+    "required": ["keys"],
+    "properties": {
+        "keys": {"type": "array", "minItems": 1, "maxItems": MAX_KEYS, "items": {"type": "object"}}
+    },
+}
+
+
 class IssuerIn(Strict):
+    """Exactly one of `jwks_uri` (fetched now) or `jwks` (the key set itself)."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"oneOf": [{"required": ["jwks_uri"]}, {"required": ["jwks"]}]}
+    )
+
     issuer: HttpUrl
-    jwks_uri: HttpUrl | None = None
-    jwks: JsonObject | None = None
+    jwks_uri: HttpUrl = Field(default=None, json_schema_extra=_no_default)  # type: ignore[assignment]
+    jwks: JsonObject = Field(default=None, json_schema_extra=_key_set)  # type: ignore[assignment]
 
 
 class IssuerOut(BaseModel):

@@ -26,11 +26,14 @@ async def create(
     if not await tenants.exists(db, tenant_id):
         raise not_found("tenant_id", tenant_id)
     try:
-        keys = (
-            jwks.check(body.jwks, "jwks")
-            if body.jwks is not None
-            else await jwks.fetch(str(body.jwks_uri), fetch_timeout_s)
-        )
+        if body.jwks is not None:
+            keys = jwks.check(body.jwks, "jwks")
+        else:
+            try:
+                keys = await jwks.fetch(str(body.jwks_uri), fetch_timeout_s)
+            except jwks.JwksError as exc:
+                # The identity provider failed (down, or no usable key set there), not the caller.
+                raise exc.problem(status=502) from None
     except jwks.JwksError as exc:
         raise exc.problem() from None
     return await issuers.create(db, tenant_id, body, keys)

@@ -84,6 +84,14 @@ def api_body(api_id: str, **extra: object) -> dict:
     return {"api_id": api_id, "name": "X", "upstream_url": "http://127.0.0.1:9", "methods": ["GET"], **extra}
 
 
+def api_fields() -> dict:
+    return {"name": "X", "upstream_url": "http://127.0.0.1:9", "methods": ["GET"]}
+
+
+def policy_fields() -> dict:
+    return {"type": "rate_limit", "config": {"maxRequests": 1, "intervalSeconds": 1}, "scope": "tenant"}
+
+
 def policy_body(policy_id: str) -> dict:
     config = {"maxRequests": 1, "intervalSeconds": 1}
     return {"policy_id": policy_id, "type": "rate_limit", "config": config, "scope": "tenant", "targets": []}
@@ -94,17 +102,17 @@ FOREIGN = [
     ("GET", "/v1/tenants/{b}/apis", None, "tenant_id"),
     ("POST", "/v1/tenants/{b}/apis", lambda w: api_body("fresh-1"), "tenant_id"),
     ("GET", "/v1/tenants/{b}/apis/{b_api}", None, "tenant_id"),
-    ("PUT", "/v1/tenants/{b}/apis/{b_api}", lambda w: api_body(w.b_api), "tenant_id"),
+    ("PUT", "/v1/tenants/{b}/apis/{b_api}", lambda w: api_fields(), "tenant_id"),
     ("DELETE", "/v1/tenants/{b}/apis/{b_api}", None, "tenant_id"),
     ("GET", "/v1/tenants/{a}/apis/{b_api}", None, "api_id"),
-    ("PUT", "/v1/tenants/{a}/apis/{b_api}", lambda w: api_body(w.b_api), "api_id"),
+    ("PUT", "/v1/tenants/{a}/apis/{b_api}", lambda w: api_fields(), "api_id"),
     ("DELETE", "/v1/tenants/{a}/apis/{b_api}", None, "api_id"),
     ("POST", "/v1/tenants/{a}/apis", lambda w: api_body(w.b_api), "api_id"),
     ("POST", "/v1/tenants/{a}/apis", lambda w: api_body("fresh-2", path_prefix=w.b_prefix), "path_prefix"),
     ("GET", "/v1/tenants/{b}/policies", None, "tenant_id"),
     ("POST", "/v1/tenants/{b}/policies", lambda w: policy_body("fresh-3"), "tenant_id"),
     ("GET", "/v1/tenants/{b}/policies/{b_policy}", None, "tenant_id"),
-    ("PUT", "/v1/tenants/{b}/policies/{b_policy}", lambda w: policy_body(w.b_policy), "tenant_id"),
+    ("PUT", "/v1/tenants/{b}/policies/{b_policy}", lambda w: policy_fields(), "tenant_id"),
     ("DELETE", "/v1/tenants/{b}/policies/{b_policy}", None, "tenant_id"),
     ("GET", "/v1/tenants/{a}/policies/{b_policy}", None, "policy_id"),
     ("DELETE", "/v1/tenants/{a}/policies/{b_policy}", None, "policy_id"),

@@ -205,7 +205,7 @@ async def test_bad_issuer_is_422_naming_the_field_and_stores_nothing(
 
 
 @pytest.mark.parametrize("failure", ["http_404", "not_json", "private_key", "unreachable"])
-async def test_unusable_jwks_uri_is_422_and_stores_nothing(
+async def test_unusable_jwks_uri_is_502_and_stores_nothing(
     api, jwks_server, tenant_on_gateway, failure
 ) -> None:
     tenant_id, gateway_id, _ = tenant_on_gateway
@@ -222,7 +222,8 @@ async def test_unusable_jwks_uri_is_422_and_stores_nothing(
     response = await api.admin.post(
         f"/v1/tenants/{tenant_id}/issuers", json={"issuer": "https://i.example", "jwks_uri": url}
     )
-    assert response.status_code == 422, response.text
+    # The identity provider failed, not the caller.
+    assert response.status_code == 502, response.text
     assert [e["field"] for e in response.json()["errors"]] == ["jwks_uri"]
     assert (await api.admin.get(f"/v1/tenants/{tenant_id}/issuers")).json() == []
     assert await api.generation(gateway_id) == before

@@ -36,17 +36,32 @@ BAD_CONFIGS = [
     ("rate_limit", {"maxRequests": 5, "intervalSeconds": 2**32}, "config.intervalSeconds"),
     ("cors", {"allowedOrigins": ["*"], "maxAge": 2**32}, "config.maxAge"),
     # What the store cannot carry as given.
-    ("cors", {"allowedOrigins": ["https://a.example"], "allowedHeaders": ["a\u0000b"]}, "config"),
-    ("rate_limit", {"maxRequests": 10**400, "intervalSeconds": 1}, "config"),
+    (
+        "cors",
+        {"allowedOrigins": ["https://a.example"], "allowedHeaders": ["a\u0000b"]},
+        "config.allowedHeaders[0]",
+    ),
+    ("rate_limit", {"maxRequests": 10**400, "intervalSeconds": 1}, "config.maxRequests"),
     # What a site would refuse is refused at the write, named.
     ("cors", {"allowedOrigins": "https://a.example"}, "config.allowedOrigins"),
     (
         "cors",
         {"allowedOrigins": ["https://a.example"], "allowedMethods": ["GET", 7]},
-        "config.allowedMethods",
+        "config.allowedMethods[1]",
     ),
     ("rate_limit", {"maxRequests": "5", "intervalSeconds": 1}, "config.maxRequests"),
     ("rate_limit", {"maxRequests": True, "intervalSeconds": 1}, "config.maxRequests"),
+    ("transform", {}, "config"),
+    ("transform", {"request": {"headers": {"set": {"X-Upper": "1"}}}}, "config.request.headers.set.X-Upper"),
+    ("transform", {"request": {"headers": {"remove": ["x-stoa-tenant-id"]}}}, "config.request.headers"),
+    ("transform", {"response": {"json": [{"op": "set", "path": "/a"}]}}, "config.response.json[0].value"),
+    ("transform", {"request": {"json": [{"op": "move", "path": "/a"}]}}, "config.request.json[0].op"),
+    ("transform", {"request": {"json": [{"op": "remove", "path": "a"}]}}, "config.request.json[0].path"),
+    (
+        "transform",
+        {"request": {"json": [{"op": "set", "path": "/a", "value": {"n": 2**60}}]}},
+        "config.request.json[0].value",
+    ),
 ]
 
 
@@ -77,7 +92,7 @@ async def test_bad_config_is_422_naming_the_field_and_changes_nothing(
             "cors",
             {
                 "allowedOrigins": ["https://a.example"],
-                "allowedMethods": ["get", "Post", "GET"],
+                "allowedMethods": ["get", "post", "GET"],
                 "maxAge": None,
             },
             {"allowedOrigins": ["https://a.example"], "allowedMethods": ["GET", "POST"]},
@@ -91,6 +106,23 @@ async def test_bad_config_is_422_naming_the_field_and_changes_nothing(
             "ip_filter",
             {"mode": "allow", "ip_list": ["127.0.0.1", "10.0.0.0/8", "2001:DB8::/32", "::1/128"]},
             {"mode": "allow", "ip_list": ["127.0.0.1", "10.0.0.0/8", "2001:db8::/32", "::1"]},
+        ),
+        (
+            "transform",
+            {
+                "request": {
+                    "headers": {"set": {"x-b": "2", "x-a": "1"}, "remove": ["cookie"]},
+                    "json": [{"op": "set", "path": "/a", "value": {"b": [1, None]}}],
+                },
+                "response": {"json": [{"op": "rename", "path": "/x", "to": "/y"}]},
+            },
+            {
+                "request": {
+                    "headers": {"set": {"x-a": "1", "x-b": "2"}, "remove": ["cookie"]},
+                    "json": [{"op": "set", "path": "/a", "value": {"b": [1.0, None]}}],
+                },
+                "response": {"headers": {}, "json": [{"op": "rename", "path": "/x", "to": "/y"}]},
+            },
         ),
     ],
 )
@@ -125,7 +157,7 @@ async def test_an_unsupported_type_is_422_naming_the_supported_ones(api, policy_
         (error,) = response.json()["errors"]
         assert error["field"] == "type"
         assert error["message"] == (
-            f"{policy_type!r} is not a supported policy type "
+            f"{policy_type!r} is not a supported type "
             "(supported: cors, rate_limit, ip_filter, guardrails, transform, opa)"
         )
     assert (await api.admin.get(f"/v1/tenants/{tenant_id}/policies")).json() == []
@@ -138,7 +170,8 @@ async def test_policy_shape_errors(api) -> None:
     base = {"type": "rate_limit", "config": {"maxRequests": 1, "intervalSeconds": 1}}
     cases = [
         ({**base, "scope": "tenant", "targets": ["x"]}, "targets", 422),
-        ({**base, "scope": "api", "targets": [foreign_api]}, "targets[0]", 422),
+        # Another tenant's API is as unknown as none: the stored state says no (404), not the body.
+        ({**base, "scope": "api", "targets": [foreign_api]}, "targets[0]", 404),
         ({**base, "scope": "gateway"}, "scope", 422),
         ({**base, "scope": "api", "config": []}, "config", 422),
         ({"scope": "tenant", "config": {}}, "type", 422),

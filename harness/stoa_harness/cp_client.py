@@ -146,8 +146,10 @@ class CPCalls(Generic[R]):
         return self.send(Call("POST", f"/v1/tenants/{tenant_id}/apis", body))
 
     def update_api(self, api_id: str, body: Mapping[str, Any], *, tenant_id: str) -> R:
-        """Replace the API's fields with `body`; the API as stored."""
-        return self.send(Call("PUT", f"/v1/tenants/{tenant_id}/apis/{api_id}", dict(body)))
+        """Replace the API's fields with `body` (an `api_id` in it is left out: the id is the path's);
+        the API as stored."""
+        fields = {k: v for k, v in body.items() if k != "api_id"}
+        return self.send(Call("PUT", f"/v1/tenants/{tenant_id}/apis/{api_id}", fields))
 
     def get_api(self, api_id: str, *, tenant_id: str) -> R:
         return self.send(Call("GET", f"/v1/tenants/{tenant_id}/apis/{api_id}"))

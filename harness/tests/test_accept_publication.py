@@ -247,7 +247,9 @@ ADMIN_BAD_INPUTS = [
     pytest.param(
         "POST", "/v1/tenants/bad-t/apis", _api(upstream_url="not a url"), 422, "upstream_url", id="bad-url"
     ),
-    pytest.param("POST", "/v1/tenants/bad-t/apis", _api(methods=["FETCH"]), 422, "methods", id="bad-method"),
+    pytest.param(
+        "POST", "/v1/tenants/bad-t/apis", _api(methods=["FETCH"]), 422, "methods[0]", id="bad-method"
+    ),
     pytest.param(
         "POST", "/v1/tenants/bad-t/apis", _api(upstream_url=None), 422, "upstream_url", id="missing-upstream"
     ),

@@ -36,8 +36,6 @@ async def get_api(tenant_id: ExistingTenant, api_id: str, db: Db) -> ApiOut:
 
 @router.put("/{api_id}")
 async def update_api(tenant_id: str, api_id: str, body: ApiUpdate, db: Db) -> ApiOut:
-    if body.api_id is not None and body.api_id != api_id:
-        raise invalid("api_id", "must equal the api_id of the path (an API cannot be renamed)")
     _check_kind(body)
     return await apis.update(db, tenant_id, api_id, body)
 

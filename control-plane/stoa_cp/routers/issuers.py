@@ -5,9 +5,13 @@ from fastapi import APIRouter, Request, Response
 from stoa_cp import trust
 from stoa_cp.access import TenantScope
 from stoa_cp.dependencies import Db, ExistingTenant
-from stoa_cp.problems import PROBLEM_RESPONSES, REPEATED_CREATE, answered, not_found
+from stoa_cp.problems import PROBLEM_RESPONSES, REPEATED_CREATE, answered, not_found, problem_responses
 from stoa_cp.schemas import IssuerIn, IssuerOut, IssuerRefreshed
 from stoa_cp.store import issuers
+
+_UPSTREAM = problem_responses(
+    (502, "The issuer's jwks_uri could not be fetched or holds no usable key set (nothing is changed)")
+)
 
 router = APIRouter(
     prefix="/v1/tenants/{tenant_id}/issuers",
@@ -17,7 +21,7 @@ router = APIRouter(
 )
 
 
-@router.post("", status_code=201, responses=REPEATED_CREATE)
+@router.post("", status_code=201, responses={**REPEATED_CREATE, **_UPSTREAM})
 async def create_issuer(
     tenant_id: str, body: IssuerIn, request: Request, db: Db, response: Response
 ) -> IssuerOut:
@@ -37,7 +41,7 @@ async def delete_issuer(tenant_id: str, issuer_id: str, db: Db) -> Response:
     return Response(status_code=204)
 
 
-@router.post("/{issuer_id}/refresh")
+@router.post("/{issuer_id}/refresh", responses=_UPSTREAM)
 async def refresh_issuer(tenant_id: str, issuer_id: str, request: Request, db: Db) -> IssuerRefreshed:
     """Re-fetch the jwks_uri now; changed keys bump every gateway where the tenant has a route."""
     if (await issuers.get(db, issuer_id))["tenant_id"] != tenant_id:

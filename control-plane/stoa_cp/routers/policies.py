@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any
 
 from fastapi import APIRouter, Response
 from stoa_translate.policies import ListLimits
@@ -10,19 +10,17 @@ from stoa_translate.policies import ListLimits
 from stoa_cp import policy_config
 from stoa_cp.access import PlatformScope, TenantScope
 from stoa_cp.dependencies import Db, ExistingGateway, ExistingTenant, PolicyLimits
-from stoa_cp.problems import PROBLEM_RESPONSES, REPEATED_CREATE, answered, invalid
+from stoa_cp.problems import PROBLEM_RESPONSES, REPEATED_CREATE, answered
 from stoa_cp.schemas import (
-    GatewayPolicyFields,
+    GatewayPolicyBody,
     GatewayPolicyIn,
-    GatewayPolicyUpdate,
+    GatewayPolicyPut,
     PolicyOut,
-    TenantPolicyFields,
+    TenantPolicyBody,
     TenantPolicyIn,
-    TenantPolicyUpdate,
+    TenantPolicyPut,
 )
 from stoa_cp.store import policies
-
-PolicyFields = TypeVar("PolicyFields", TenantPolicyFields, GatewayPolicyFields)
 
 tenant_router = APIRouter(
     prefix="/v1/tenants/{tenant_id}/policies",
@@ -38,24 +36,32 @@ gateway_router = APIRouter(
 )
 
 
-def _accepted(body: PolicyFields, policy_id: str, limits: ListLimits) -> PolicyFields:
-    """`body` with its config in normal form (422 naming the field when the site would refuse it, or
-    when a list of it is longer than its limit)."""
-    config = policy_config.accepted(body.type, policy_id, body.config, limits)
-    return body.model_copy(update={"config": config})
+def _accepted(body: Any, policy_id: str, limits: ListLimits) -> dict[str, Any]:
+    """The config in the normal form the site's rules give it (422 naming the field if they refuse,
+    or when a list of it is longer than its limit)."""
+    return policy_config.accepted(
+        body.type, policy_id, body.config.model_dump(exclude_unset=True, by_alias=True), limits
+    )
 
 
-def _check_tenant_policy(body: TenantPolicyFields) -> None:
-    if body.scope == "tenant" and body.targets:
-        raise invalid("targets", "must be empty for scope 'tenant' (it applies to every route of the tenant)")
+def _tenant_policy(body: Any, policy_id: str, limits: ListLimits) -> TenantPolicyIn:
+    config = _accepted(body, policy_id, limits)
+    return TenantPolicyIn(
+        policy_id=policy_id, type=body.type, config=config, scope=body.scope, targets=body.targets
+    )
+
+
+def _gateway_policy(body: Any, policy_id: str, limits: ListLimits) -> GatewayPolicyIn:
+    return GatewayPolicyIn(policy_id=policy_id, type=body.type, config=_accepted(body, policy_id, limits))
 
 
 @tenant_router.post("", status_code=201, responses=REPEATED_CREATE)
 async def create_tenant_policy(
-    tenant_id: str, body: TenantPolicyIn, db: Db, limits: PolicyLimits, response: Response
+    tenant_id: str, body: TenantPolicyBody, db: Db, limits: PolicyLimits, response: Response
 ) -> PolicyOut:
-    _check_tenant_policy(body)
-    policy, created = await policies.create_for_tenant(db, tenant_id, _accepted(body, body.policy_id, limits))
+    policy, created = await policies.create_for_tenant(
+        db, tenant_id, _tenant_policy(body, body.policy_id, limits)
+    )
     return answered(response, policy, created)
 
 
@@ -71,12 +77,10 @@ async def get_tenant_policy(tenant_id: ExistingTenant, policy_id: str, db: Db) -
 
 @tenant_router.put("/{policy_id}")
 async def update_tenant_policy(
-    tenant_id: str, policy_id: str, body: TenantPolicyUpdate, db: Db, limits: PolicyLimits
+    tenant_id: str, policy_id: str, body: TenantPolicyPut, db: Db, limits: PolicyLimits
 ) -> PolicyOut:
-    if body.policy_id is not None and body.policy_id != policy_id:
-        raise invalid("policy_id", "must equal the policy_id of the path")
-    _check_tenant_policy(body)
-    return await policies.update_for_tenant(db, tenant_id, policy_id, _accepted(body, policy_id, limits))
+    """PUT replaces the policy; the id is the path's."""
+    return await policies.update_for_tenant(db, tenant_id, policy_id, _tenant_policy(body, policy_id, limits))
 
 
 @tenant_router.delete("/{policy_id}", status_code=204)
@@ -87,10 +91,10 @@ async def delete_tenant_policy(tenant_id: str, policy_id: str, db: Db) -> Respon
 
 @gateway_router.post("", status_code=201, responses=REPEATED_CREATE)
 async def create_gateway_policy(
-    gateway_id: str, body: GatewayPolicyIn, db: Db, limits: PolicyLimits, response: Response
+    gateway_id: str, body: GatewayPolicyBody, db: Db, limits: PolicyLimits, response: Response
 ) -> PolicyOut:
     policy, created = await policies.create_for_gateway(
-        db, gateway_id, _accepted(body, body.policy_id, limits)
+        db, gateway_id, _gateway_policy(body, body.policy_id, limits)
     )
     return answered(response, policy, created)
 
@@ -107,11 +111,12 @@ async def get_gateway_policy(gateway_id: ExistingGateway, policy_id: str, db: Db
 
 @gateway_router.put("/{policy_id}")
 async def update_gateway_policy(
-    gateway_id: str, policy_id: str, body: GatewayPolicyUpdate, db: Db, limits: PolicyLimits
+    gateway_id: str, policy_id: str, body: GatewayPolicyPut, db: Db, limits: PolicyLimits
 ) -> PolicyOut:
-    if body.policy_id is not None and body.policy_id != policy_id:
-        raise invalid("policy_id", "must equal the policy_id of the path")
-    return await policies.update_for_gateway(db, gateway_id, policy_id, _accepted(body, policy_id, limits))
+    """PUT replaces the policy; the id is the path's."""
+    return await policies.update_for_gateway(
+        db, gateway_id, policy_id, _gateway_policy(body, policy_id, limits)
+    )
 
 
 @gateway_router.delete("/{policy_id}", status_code=204)

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from stoa_cp import preview
 from stoa_cp.access import PlatformScope
 from stoa_cp.dependencies import Db
-from stoa_cp.problems import PROBLEM_RESPONSES, not_found
+from stoa_cp.problems import PROBLEM_RESPONSES, not_found, problem_responses
 from stoa_cp.schemas import Preview
 from stoa_cp.store import sync_reports
 from stoa_cp.store.inventory import InventoryCache
@@ -23,7 +23,13 @@ router = APIRouter(
 )
 
 
-@router.get("/preview")
+@router.get(
+    "/preview",
+    responses=problem_responses(
+        (409, "The settings the Link reported cannot be used for a translation"),
+        (503, "validate=envoy without an Envoy binary, or Envoy did not answer in time"),
+    ),
+)
 async def preview_gateway(
     gateway_id: str,
     request: Request,

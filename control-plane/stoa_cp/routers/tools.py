@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 from stoa_cp.access import AnyCaller, TenantScope
 from stoa_cp.dependencies import Db, ExistingTenant
 from stoa_cp.permissions import Signer
-from stoa_cp.problems import PROBLEM_RESPONSES, Problem, invalid
+from stoa_cp.problems import PROBLEM_RESPONSES, Problem
 from stoa_cp.schemas import (
     ToolGrantIn,
     ToolGrantOut,
@@ -52,8 +52,7 @@ async def get_tool(tenant_id: ExistingTenant, name: str, db: Db) -> ToolOut:
 
 @router.put("/tools/{name}")
 async def update_tool(tenant_id: str, name: str, body: ToolUpdate, db: Db) -> ToolOut:
-    if body.name is not None and body.name != name:
-        raise invalid("name", "must equal the name of the path (a tool cannot be renamed)")
+    """PUT replaces the tool; the name is the path's."""
     return await tools.update(db, tenant_id, name, body)
 
 

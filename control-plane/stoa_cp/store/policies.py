@@ -39,7 +39,8 @@ def _targets(body: TenantPolicyFields) -> list[str]:
 
 
 async def _check_targets(conn: asyncpg.Connection, tenant_id: str, body: TenantPolicyFields) -> None:
-    """422 naming each target of an api-scoped policy that is not an API of the tenant."""
+    """404 naming each target of an api-scoped policy that is not an API of the tenant (a rule on the
+    stored state, so not the 422 of a malformed body; another tenant's API is as unknown as none)."""
     if body.scope != "api":
         return
     owned = {
@@ -56,7 +57,7 @@ async def _check_targets(conn: asyncpg.Connection, tenant_id: str, body: TenantP
         if t not in owned
     ]
     if errors:
-        raise Problem(422, "Validation failed", errors)
+        raise Problem(404, "Not found", errors)
 
 
 async def _tenant_policy(
