@@ -44,14 +44,39 @@ def _doc(resource: Any) -> dict[str, Any]:
     return json_format.MessageToDict(resource, preserving_proto_field_name=True)
 
 
+def tenant_part(inventory: inventory_pb2.Inventory, tenant_id: str) -> inventory_pb2.Inventory:
+    """The part of a gateway's inventory that is one tenant's: its routes, its issuers, and the
+    policies as they apply to its routes (a gateway policy's reach narrowed to them). Tombstones do
+    not say whose route they end, and a translation does not read them: none is kept."""
+    part = inventory_pb2.Inventory(
+        schema_version=inventory.schema_version,
+        gateway_id=inventory.gateway_id,
+        generation=inventory.generation,
+    )
+    part.routes.extend(r for r in inventory.routes if r.tenant_id == tenant_id)
+    own = {r.route_id for r in part.routes}
+    for policy in inventory.policies:
+        if policy.tenant_id == tenant_id or own.intersection(policy.applicable):
+            kept = part.policies.add()
+            kept.CopyFrom(policy)
+            del kept.applicable[:]
+            kept.applicable.extend(r for r in policy.applicable if r in own)
+    part.issuers.extend(i for i in inventory.issuers if i.tenant_id == tenant_id)
+    return part
+
+
 def render(
-    gateway_id: str, inventory_json: str, reported: dict[str, Any] | None
+    gateway_id: str, inventory_json: str, reported: dict[str, Any] | None, tenant_id: str | None = None
 ) -> tuple[Preview, Snapshot | None]:
-    """The preview of one inventory document (as the gateway's Link receives it), and the snapshot."""
+    """The preview of one inventory document (as the gateway's Link receives it), and the snapshot;
+    with `tenant_id`, of that tenant's part only."""
     options = options_from(reported)
     inventory = json_format.Parse(inventory_json, inventory_pb2.Inventory())
+    if tenant_id is not None:
+        inventory = tenant_part(inventory, tenant_id)
     preview = Preview(
         gateway_id=gateway_id,
+        tenant_id=tenant_id,
         generation=inventory.generation,
         settings=_doc(options.to_settings()),
         settings_reported=reported is not None,
@@ -61,7 +86,8 @@ def render(
     except Refusal as refusal:
         preview.refusal = PreviewRefusal(reason=FailureReason.Name(refusal.reason), detail=refusal.detail)
         return preview, None
-    preview.snapshot_version = snapshot.version
+    # The Link reports the whole snapshot's hash: a part's own hash would match nothing it reports.
+    preview.snapshot_version = snapshot.version if tenant_id is None else None
     preview.resources = {t: [_doc(r) for r in snapshot.of(t)] for t in ENVOY_TYPES}
     preview.policy_sets = {t: [_doc(r) for r in snapshot.of(t)] for t in SITE_SERVICE_TYPES}
     return preview, snapshot

@@ -1070,8 +1070,14 @@ class Preview(BaseModel):
     settings_reported: bool = Field(
         description="True: the settings the gateway's Link last reported; false: the documented defaults"
     )
+    tenant_id: str | None = Field(
+        default=None,
+        description="Set for a tenant-bound caller: the preview is of that tenant's part of the gateway"
+        " (its routes, its issuers, the policies as they apply to its routes)",
+    )
     snapshot_version: str | None = Field(
-        default=None, description="The content hash the Link would report with SYNCED"
+        default=None,
+        description="The content hash the Link would report with SYNCED (the whole gateway's only)",
     )
     resources: dict[str, list[dict[str, Any]]] = Field(
         default={}, description="Envoy's resources by type URL, proto3 JSON"

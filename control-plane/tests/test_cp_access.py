@@ -184,7 +184,18 @@ async def test_lists_and_gateway_views_show_a_tenant_its_own_part(cp, idp, world
         assert status["last_report"]["reason"] == "NACK"
         assert status["last_report"]["detail"] == ""
         assert world.gateway in [g["gateway_id"] for g in (await client.get("/v1/gateways")).json()]
+        # The translation preview: its own routes, as the gateway's policies apply to them.
+        part = await client.get(f"/v1/gateways/{world.gateway}/preview")
+        assert part.status_code == 200, part.text
+        assert (part.json()["tenant_id"], part.json()["snapshot_version"]) == (world.a, None)
+        assert world.a_api in json.dumps(part.json()["resources"])
+        assert world.b_api not in part.text
     async with cp.admin() as admin:
+        whole = (await admin.get(f"/v1/gateways/{world.gateway}/preview")).json()
+        assert whole["tenant_id"] is None
+        assert whole["snapshot_version"]
+        assert world.a_api in json.dumps(whole["resources"])
+        assert world.b_api in json.dumps(whole["resources"])
         assert world.b_api in (await admin.get(f"/v1/gateways/{world.gateway}/status")).text
         deployed = (await admin.get(f"/v1/gateways/{world.gateway}/deployments")).json()
         assert {world.a_api, world.b_api} <= set(deployed)
@@ -320,6 +331,7 @@ def test_the_static_admin_token_is_refused_in_production() -> None:
     with pytest.raises(ValidationError, match="STOA_CP_ADMIN_TOKENS"):
         Settings(database_url="postgresql://x", admin_tokens=["t"], STOA_ENV="production")
     assert Settings(database_url="postgresql://x", STOA_ENV="production").env == "production"
+
 
 
 async def test_every_write_is_audited_without_a_secret(cp, idp, world) -> None:

@@ -1,4 +1,5 @@
-"""The translation preview of a gateway (platform roles only: it shows every tenant's routes)."""
+"""The translation preview of a gateway: the whole of it for platform roles, a tenant-bound caller's
+own part for the others (a gateway carries every tenant's routes)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 
 from stoa_cp import preview
-from stoa_cp.access import PlatformScope
+from stoa_cp.access import AnyCaller, Caller
 from stoa_cp.dependencies import Db
 from stoa_cp.problems import PROBLEM_RESPONSES, not_found, problem_responses
 from stoa_cp.schemas import Preview
@@ -18,7 +19,7 @@ from stoa_cp.store.inventory import InventoryCache
 router = APIRouter(
     prefix="/v1/gateways/{gateway_id}",
     tags=["gateways"],
-    dependencies=[PlatformScope],
+    dependencies=[AnyCaller],
     responses=PROBLEM_RESPONSES,
 )
 
@@ -34,6 +35,7 @@ async def preview_gateway(
     gateway_id: str,
     request: Request,
     db: Db,
+    principal: Caller,
     validate: Annotated[Literal["envoy"] | None, Query()] = None,
 ) -> Preview:
     """What the gateway's Link would publish for its desired state — Envoy's resources and the site
@@ -46,7 +48,9 @@ async def preview_gateway(
     if current is None:
         raise not_found("gateway_id", gateway_id)
     # Translating a large estate is CPU work: off the event loop.
-    rendered, snapshot = await asyncio.to_thread(preview.render, gateway_id, current[1], reported)
+    rendered, snapshot = await asyncio.to_thread(
+        preview.render, gateway_id, current[1], reported, principal.tenant
+    )
     if binary is not None and snapshot is not None:
         rendered.validation = await preview.validate(binary, snapshot)
     return rendered
