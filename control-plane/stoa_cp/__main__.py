@@ -17,7 +17,12 @@ def main() -> None:
     try:
         settings = Settings()  # type: ignore[call-arg]  # read from the environment
     except ValidationError as exc:
-        sys.exit(f"stoa-cp: invalid settings:\n{exc}")
+        # Without the input: it would print the admin tokens and the database password.
+        errors = "\n".join(
+            f"  {'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}"
+            for e in exc.errors(include_input=False)
+        )
+        sys.exit(f"stoa-cp: invalid settings:\n{errors}")
     logs.configure(settings.log_level)
     # SSE streams never end by themselves: bound the graceful shutdown so a stop is prompt.
     try:

@@ -5,6 +5,8 @@ any body is read, the static admin token, and the audit log."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from dataclasses import dataclass
 
 import asyncpg
@@ -12,6 +14,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 from stoa_cp.settings import Settings
+from stoa_harness.site import console_script
 
 PROBLEM = "application/problem+json"
 REPORT = {"generation": "2", "status": "FAILED", "snapshot_version": "", "reason": "NACK"}
@@ -332,6 +335,18 @@ def test_the_static_admin_token_is_refused_in_production() -> None:
         Settings(database_url="postgresql://x", admin_tokens=["t"], STOA_ENV="production")
     assert Settings(database_url="postgresql://x", STOA_ENV="production").env == "production"
 
+
+def test_the_cp_does_not_start_in_production_with_a_static_admin_token() -> None:
+    env = {
+        "PATH": os.environ["PATH"],
+        "STOA_ENV": "production",
+        "STOA_CP_DATABASE_URL": "postgresql://127.0.0.1:9/none",
+        "STOA_CP_ADMIN_TOKENS": "bootstrap-token",
+    }
+    done = subprocess.run([console_script("stoa-cp")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "STOA_CP_ADMIN_TOKENS is for bootstrap only" in done.stderr
+    assert "bootstrap-token" not in done.stderr + done.stdout
 
 
 async def test_every_write_is_audited_without_a_secret(cp, idp, world) -> None:
