@@ -306,6 +306,20 @@ async def test_a_valid_token_without_a_usable_role_is_403(cp, idp, claims) -> No
     assert response.status_code == 403, response.text
 
 
+async def test_the_roles_and_tenant_claims_are_settings(cp_factory, idp) -> None:
+    other = await cp_factory(oidc_issuers=[idp.issuer], roles_claim="groups", tenant_claim="org")
+    async with other.client() as admin:
+        for tenant in ("org-a", "org-b"):
+            await admin.create_tenant(tenant, tenant)
+    renamed = idp.mint(audience="stoa-cp", tenant=None, groups=["tenant_admin"], org="org-a")
+    async with other.bearer(renamed) as client:
+        assert [t["tenant_id"] for t in (await client.get("/v1/tenants")).json()] == ["org-a"]
+        assert (await client.get("/v1/tenants/org-b/apis")).status_code == 404
+    # The default claim names mean nothing to this CP.
+    async with other.bearer(idp.role_token("platform_admin")) as client:
+        assert (await client.get("/v1/tenants")).status_code == 403
+
+
 async def test_authentication_comes_before_the_body(cp, world) -> None:
     oversized = b"{" + b" " * (8 * 1024 * 1024) + b"}"
     async with httpx.AsyncClient(base_url=cp.url, timeout=30) as client:
