@@ -108,7 +108,7 @@ class Authentication:
                 body_ids = audit.ids_in(_json(b"".join(m.get("body", b"") for m in held)))
             if draft.tenant_id is None and "tenant_id" in body_ids:
                 draft.tenant_id = body_ids["tenant_id"]
-            draft.object_ids = {**body_ids, **path_ids}
+            draft.object_ids = {**draft.object_ids, **body_ids, **path_ids}
             try:
                 await audit_log.record(
                     scope["app"].state.db, who, scope["method"], scope["path"], status, draft

@@ -40,6 +40,14 @@ def note_tenant(tenant_id: str) -> None:
         draft.tenant_id = tenant_id
 
 
+def note_objects(ids: dict[str, str]) -> None:
+    """Ids a write names other than in its path and its answer's `*_id` fields (a bulk request's
+    APIs, say): several of one kind as one comma-separated value."""
+    draft = _current.get()
+    if draft is not None:
+        draft.object_ids.update(ids)
+
+
 def note_generations(generations: dict[str, int]) -> None:
     draft = _current.get()
     if draft is not None:

@@ -132,6 +132,14 @@ FOREIGN = [
     ("POST", "/v1/tenants/{b}/issuers/{b_issuer}/refresh", None, "tenant_id"),
     ("DELETE", "/v1/tenants/{a}/issuers/{b_issuer}", None, "issuer_id"),
     ("POST", "/v1/tenants/{a}/issuers/{b_issuer}/refresh", None, "issuer_id"),
+    ("POST", "/v1/tenants/{b}/bulk", lambda w: {"apis": [api_body("fresh-9")]}, "tenant_id"),
+    ("POST", "/v1/tenants/{a}/bulk", lambda w: {"apis": [api_body(w.b_api)]}, "apis[0].api_id"),
+    (
+        "POST",
+        "/v1/tenants/{a}/bulk",
+        lambda w: {"deploy": [{"gateway_id": w.gateway, "api_ids": [w.b_api]}]},
+        "deploy[0].api_ids[0]",
+    ),
     ("PUT", "/v1/gateways/{gateway}/deployments/{b_api}", None, "api_id"),
     ("DELETE", "/v1/gateways/{gateway}/deployments/{b_api}", None, "api_id"),
     ("GET", "/v1/audit?tenant={b}", None, "tenant"),
@@ -383,6 +391,14 @@ async def test_every_write_is_audited_without_a_secret(cp, idp, world) -> None:
             ),
             ("DELETE", f"/v1/tenants/{tenant}/apis/{tenant}-x", None),
             ("POST", f"/v1/tenants/{tenant}/apis", {"api_id": "bad id"}),
+            (
+                "POST",
+                f"/v1/tenants/{tenant}/bulk",
+                {
+                    "apis": [api_body(f"{tenant}-b")],
+                    "deploy": [{"gateway_id": gateway, "api_ids": [f"{tenant}-b"]}],
+                },
+            ),
         ]
         answers = [await client.request(m, p, json=b) for m, p, b in writes]
         credential = answers[1].json()["credential"]
@@ -396,6 +412,8 @@ async def test_every_write_is_audited_without_a_secret(cp, idp, world) -> None:
     assert new[3]["tenant_id"] == tenant
     assert new[6]["tenant_id"] is None  # a platform object
     assert set(new[7]["generations"]) == {gateway}
+    assert new[9]["object_ids"] == {"tenant_id": tenant, "api_ids": f"{tenant}-b"}
+    assert new[9]["generations"] == answers[9].json()["generations"]
     dumped = json.dumps(entries)
     for secret in (token, credential, cp.settings.admin_tokens[0], idp.jwks()["keys"][0]["x"]):
         assert secret not in dumped

@@ -4,6 +4,7 @@ from collections import Counter
 
 from fastapi import APIRouter, Request
 
+from stoa_cp import audit
 from stoa_cp.access import TenantScope
 from stoa_cp.dependencies import Db
 from stoa_cp.problems import PROBLEM_RESPONSES, Problem
@@ -66,4 +67,11 @@ async def publish_bulk(tenant_id: str, body: BulkIn, request: Request, db: Db) -
     any refusal names the item (`apis[3].upstream_url`) and stores nothing."""
     settings = request.app.state.settings
     _check(body, settings.bulk_max_items)
-    return await bulk.publish(db, tenant_id, body, settings.max_routes_per_tenant)
+    published = await bulk.publish(db, tenant_id, body, settings.max_routes_per_tenant)
+    # The audit names the APIs this request changed (created, replaced, deployed or undeployed).
+    touched = {*published.created, *published.updated}
+    for api_ids in (*published.deployed.values(), *published.undeployed.values()):
+        touched.update(api_ids)
+    if touched:
+        audit.note_objects({"api_ids": ",".join(sorted(touched))})
+    return published
