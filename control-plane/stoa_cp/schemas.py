@@ -30,7 +30,7 @@ from pydantic_core import InitErrorDetails
 from stoa_translate import fields
 from stoa_translate import tools as tool_rules
 from stoa_translate.jwks import MAX_KEYS
-from stoa_translate.policies.kind import MAX_TEXT, MAX_UINT32
+from stoa_translate.policies.kind import MAX_DOCUMENT, MAX_TEXT, MAX_UINT32
 from typing_extensions import TypeAliasType
 
 from stoa_cp import syntax
@@ -811,6 +811,21 @@ class TransformPolicy(Strict):
     config: TransformConfig
 
 
+class OpaConfig(Strict):
+    # Whether the text is a Rego v1 module that compiles is the kind's rule (a 422 naming it).
+    module: str = Field(min_length=1, max_length=MAX_DOCUMENT, description="A Rego v1 module")
+    entrypoint: Annotated[
+        str, StringConstraints(max_length=MAX_TEXT, pattern=r"^data(?:\.[A-Za-z_][A-Za-z0-9_]*)+$")
+    ] = Field(
+        default="data.stoa.allow", description="The rule whose value decides: allowed only when exactly true"
+    )
+
+
+class OpaPolicy(Strict):
+    type: Literal["opa"]
+    config: OpaConfig
+
+
 # The kinds the translator supports (`stoa_translate.policies.SUPPORTED_KINDS`), in its order.
 KINDS: tuple[type[BaseModel], ...] = (
     CorsPolicy,
@@ -818,6 +833,7 @@ KINDS: tuple[type[BaseModel], ...] = (
     IpFilterPolicy,
     GuardrailsPolicy,
     TransformPolicy,
+    OpaPolicy,
 )
 
 
