@@ -431,7 +431,11 @@ class ToolGrantIn(Strict):
     grant_id: Identifier
     tool: ToolName
     consumers: list[
-        Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_storable)]
+        Annotated[
+            str,
+            StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00]*$"),
+            AfterValidator(_storable),
+        ]
     ] = []
     scopes: Scopes = []
 
@@ -978,7 +982,9 @@ def _unique(values: list[str]) -> list[str]:
 class ConsumerFields(Strict):
     name: Name
     # OAuth client ids whose tokens act for this consumer (matched on `azp`, else `client_id`).
-    client_ids: Annotated[list[ClientId], Field(max_length=64), AfterValidator(_unique)] = []
+    client_ids: Annotated[
+        list[ClientId], Field(max_length=64, json_schema_extra={"uniqueItems": True}), AfterValidator(_unique)
+    ] = []
 
 
 class ConsumerIn(ConsumerFields):
@@ -986,7 +992,7 @@ class ConsumerIn(ConsumerFields):
 
 
 class ConsumerUpdate(ConsumerFields):
-    consumer_id: Identifier | None = None
+    """A PUT names its consumer in the path only."""
 
 
 class ConsumerOut(BaseModel):
@@ -1016,7 +1022,7 @@ class PlanFields(Strict):
     requests: int = Field(ge=1, le=1_000_000_000)
     window_seconds: int = Field(ge=1, le=31_536_000)
     # Billed: counted exactly, one atomic update per request, denied when the count cannot be made.
-    billed: bool = False
+    billed: StrictBool = False
 
 
 class PlanIn(PlanFields):
@@ -1024,7 +1030,7 @@ class PlanIn(PlanFields):
 
 
 class PlanUpdate(PlanFields):
-    plan_id: Identifier | None = None
+    """A PUT names its plan in the path only."""
 
 
 class PlanOut(PlanFields):

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response
 
 from stoa_cp.access import TenantScope
 from stoa_cp.dependencies import Db, ExistingTenant
-from stoa_cp.problems import PROBLEM_RESPONSES, invalid
+from stoa_cp.problems import PROBLEM_RESPONSES
 from stoa_cp.schemas import ConsumerIn, ConsumerOut, ConsumerUpdate, KeyCreated, KeyOut
 from stoa_cp.store import api_keys, consumers
 
@@ -35,8 +35,6 @@ async def get_consumer(tenant_id: ExistingTenant, consumer_id: str, db: Db) -> C
 
 @router.put("/{consumer_id}")
 async def update_consumer(tenant_id: str, consumer_id: str, body: ConsumerUpdate, db: Db) -> ConsumerOut:
-    if body.consumer_id is not None and body.consumer_id != consumer_id:
-        raise invalid("consumer_id", "must equal the consumer_id of the path")
     return await consumers.update(db, tenant_id, consumer_id, body)
 
 

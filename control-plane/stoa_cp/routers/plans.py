@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response
 
 from stoa_cp.access import TenantScope
 from stoa_cp.dependencies import Db, ExistingTenant
-from stoa_cp.problems import PROBLEM_RESPONSES, invalid
+from stoa_cp.problems import PROBLEM_RESPONSES
 from stoa_cp.schemas import PlanIn, PlanOut, PlanUpdate
 from stoa_cp.store import plans
 
@@ -35,8 +35,6 @@ async def get_plan(tenant_id: ExistingTenant, plan_id: str, db: Db) -> PlanOut:
 
 @router.put("/{plan_id}")
 async def update_plan(tenant_id: str, plan_id: str, body: PlanUpdate, db: Db) -> PlanOut:
-    if body.plan_id is not None and body.plan_id != plan_id:
-        raise invalid("plan_id", "must equal the plan_id of the path")
     return await plans.update(db, tenant_id, plan_id, body)
 
 
