@@ -35,8 +35,7 @@ from typing_extensions import TypeAliasType
 
 from stoa_cp import syntax
 
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-Identifier = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+Identifier = Annotated[str, syntax.ID]
 # JSON numbers travel in the inventory as protobuf Struct doubles: larger integers would not survive.
 MAX_JSON_INTEGER = 2**53
 MAX_URL_LENGTH = fields.MAX_URL_LENGTH
@@ -127,17 +126,16 @@ _RFC3339 = re.compile(
     r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$"
 )
 
-Name = Annotated[
-    str, StringConstraints(min_length=1, max_length=200, pattern=syntax.TEXT), AfterValidator(_storable)
-]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable), syntax.TEXT]
 JsonObject = Annotated[dict[str, Any], AfterValidator(_storable)]
 UpstreamUrl = Annotated[
     str,
-    StringConstraints(max_length=MAX_URL_LENGTH, pattern=syntax.UPSTREAM_URL),
+    StringConstraints(max_length=MAX_URL_LENGTH),
     AfterValidator(_upstream_url),
+    syntax.UPSTREAM_URL,
 ]
 PathPrefix = Annotated[
-    str, StringConstraints(max_length=MAX_URL_LENGTH, pattern=syntax.PATH), AfterValidator(_path_prefix)
+    str, StringConstraints(max_length=MAX_URL_LENGTH), AfterValidator(_path_prefix), syntax.PATH
 ]
 # Either case is accepted and stored upper-case (`get` → `GET`).
 MethodName = Literal[
@@ -145,13 +143,14 @@ MethodName = Literal[
     "get", "head", "post", "put", "patch", "delete", "options",
 ]  # fmt: skip
 Methods = Annotated[list[MethodName], Field(min_length=1), AfterValidator(fields.methods)]
-Scope = Annotated[str, StringConstraints(max_length=fields.MAX_SCOPE_LENGTH, pattern=syntax.SCOPE)]
+Scope = Annotated[str, StringConstraints(max_length=fields.MAX_SCOPE_LENGTH), syntax.SCOPE]
 Scopes = Annotated[list[Scope], Field(max_length=fields.MAX_SCOPES), AfterValidator(fields.scopes)]
 HttpUrl = Annotated[
     str,
-    StringConstraints(max_length=MAX_URL_LENGTH, pattern=syntax.HTTP_URL),
+    StringConstraints(max_length=MAX_URL_LENGTH),
     AfterValidator(_storable),
     AfterValidator(_http_url),
+    syntax.HTTP_URL,
 ]
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_rfc3339)]
 
@@ -362,7 +361,11 @@ def _rule(check: Any) -> Any:
 
 
 ToolName = Annotated[
-    str, StringConstraints(pattern=tool_rules.TOOL_NAME.pattern), AfterValidator(_rule(tool_rules.name))
+    str,
+    AfterValidator(_rule(tool_rules.name)),
+    syntax.Syntax(
+        tool_rules.TOOL_NAME.pattern, "must be 1-128 characters of A-Z, a-z, 0-9, '_', '-' and '.'"
+    ),
 ]
 
 
@@ -433,8 +436,9 @@ class ToolGrantIn(Strict):
     consumers: list[
         Annotated[
             str,
-            StringConstraints(min_length=1, max_length=256, pattern=r"^[^\x00]*$"),
+            StringConstraints(min_length=1, max_length=256),
             AfterValidator(_storable),
+            syntax.NO_NUL,
         ]
     ] = []
     scopes: Scopes = []
@@ -559,9 +563,9 @@ def bounded(limit: str, **field: Any) -> Any:
 
 
 Entries = bounded("entries", default=[])
-Origin = Annotated[str, StringConstraints(max_length=MAX_TEXT, pattern=syntax.ORIGIN)]
-HeaderName = Annotated[str, StringConstraints(max_length=MAX_TEXT, pattern=syntax.HEADER_NAME)]
-IpNetwork = Annotated[str, StringConstraints(max_length=MAX_TEXT, pattern=syntax.IP_NETWORK)]
+Origin = Annotated[str, StringConstraints(max_length=MAX_TEXT), syntax.ORIGIN]
+HeaderName = Annotated[str, StringConstraints(max_length=MAX_TEXT), syntax.HEADER_NAME]
+IpNetwork = Annotated[str, StringConstraints(max_length=MAX_TEXT), syntax.IP_NETWORK]
 Count = whole(1, MAX_UINT32)
 
 _NO_CREDENTIALS_WITH_ANY_ORIGIN = {
@@ -602,7 +606,7 @@ class IpFilterConfig(Strict):
 
 PiiKind = Literal["email", "card", "iban", "phone"]
 # Text without control characters (a pattern's RE2 syntax is the kind's rule, a 422 naming it).
-Pattern = Annotated[str, StringConstraints(max_length=MAX_TEXT, pattern=syntax.TEXT)]
+Pattern = Annotated[str, StringConstraints(max_length=MAX_TEXT), syntax.TEXT]
 
 
 class PiiRule(Strict):
@@ -699,15 +703,16 @@ JsonValue = Annotated[Any, PlainValidator(_json_value, json_schema_input_type=Js
 _EDITABLE_HEADER: dict[str, Any] = {
     "type": "string",
     "maxLength": MAX_TEXT,
-    "pattern": syntax.LOWER_HEADER_NAME,
+    "pattern": syntax.LOWER_HEADER_NAME.pattern,
     "not": {"anyOf": [{"enum": ["host", "content-length", "transfer-encoding"]}, {"pattern": "^x-stoa-"}]},
 }
 EditableHeader = Annotated[
     str,
-    StringConstraints(max_length=MAX_TEXT, pattern=syntax.LOWER_HEADER_NAME),
+    StringConstraints(max_length=MAX_TEXT),
+    syntax.LOWER_HEADER_NAME,
     WithJsonSchema(_EDITABLE_HEADER),
 ]
-HeaderValue = Annotated[str, StringConstraints(max_length=MAX_TEXT, pattern=syntax.PRINTABLE)]
+HeaderValue = Annotated[str, StringConstraints(max_length=MAX_TEXT), syntax.PRINTABLE]
 HeadersSet = Annotated[
     dict[EditableHeader, HeaderValue],
     WithJsonSchema(
@@ -715,11 +720,15 @@ HeadersSet = Annotated[
             "type": "object",
             LIMIT: "entries",
             "propertyNames": _EDITABLE_HEADER,
-            "additionalProperties": {"type": "string", "maxLength": MAX_TEXT, "pattern": syntax.PRINTABLE},
+            "additionalProperties": {
+                "type": "string",
+                "maxLength": MAX_TEXT,
+                "pattern": syntax.PRINTABLE.pattern,
+            },
         }
     ),
 ]
-Pointer = Annotated[str, StringConstraints(max_length=MAX_TEXT, pattern=syntax.JSON_POINTER)]
+Pointer = Annotated[str, StringConstraints(max_length=MAX_TEXT), syntax.JSON_POINTER]
 
 
 class HeaderEdits(Strict):
@@ -818,9 +827,7 @@ class TransformPolicy(Strict):
 class OpaConfig(Strict):
     # Whether the text is a Rego v1 module that compiles is the kind's rule (a 422 naming it).
     module: str = Field(min_length=1, max_length=MAX_DOCUMENT, description="A Rego v1 module")
-    entrypoint: Annotated[
-        str, StringConstraints(max_length=MAX_TEXT, pattern=r"^data(?:\.[A-Za-z_][A-Za-z0-9_]*)+$")
-    ] = Field(
+    entrypoint: Annotated[str, StringConstraints(max_length=MAX_TEXT), syntax.REGO_RULE] = Field(
         default="data.stoa.allow", description="The rule whose value decides: allowed only when exactly true"
     )
 
@@ -970,7 +977,7 @@ class IssuerRefreshed(IssuerOut):
 
 
 # -- consumers, API keys, plans, subscriptions ---------------------------------------------------
-ClientId = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")]
+ClientId = Annotated[str, StringConstraints(min_length=1, max_length=255), syntax.VISIBLE]
 
 
 def _unique(values: list[str]) -> list[str]:

@@ -177,6 +177,8 @@ async def test_bad_api_input_is_422_naming_the_field_and_changes_nothing(api, ov
     response = await api.admin.post(f"/v1/tenants/{tenant_id}/apis", json=body)
     assert response.status_code == 422, response.text
     assert field in problem_fields(response)
+    # The rule in words (shown next to the field in the console), never a regular expression.
+    assert not [e for e in response.json()["errors"] if "pattern" in e["message"]], response.text
     assert (await api.admin.get(f"/v1/tenants/{tenant_id}/apis")).json() == []
 
 
