@@ -12,7 +12,7 @@ import contextlib
 import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
 from google.protobuf.message import DecodeError
-from stoa_ops.policy_sets import PolicySubscription, the_resource
+from stoa_ops.policy_sets import PolicySubscription, policy_set, the_resource
 from stoa_proto import authz_pb2
 
 from stoa_authz.policy import PolicyError, PolicySet, PolicyStore, compile_policy_set, digest_of
@@ -49,13 +49,11 @@ def subscribe(
     store: PolicyStore,
     credentials: grpc.ChannelCredentials | None = None,
     server_name: str = "",
-) -> PolicySubscription[PolicySet]:
+) -> PolicySubscription:
     return PolicySubscription(
         address,
-        store,
         service="stoa-authz",
-        type_url=TYPE_URL,
-        decode=decode,
+        resources={TYPE_URL: policy_set(store, decode)},
         credentials=credentials,
         server_name=server_name,
         first=lambda response: store.revoke(revocations(response)),

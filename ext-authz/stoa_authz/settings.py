@@ -17,6 +17,8 @@ class Settings(SiteSettings, DecisionSettings):
 
     grpc_address: str = "127.0.0.1:9191"
     http_address: str = "127.0.0.1:9192"
+    # How many accepted policy sets stay available for routes built with an older one.
+    policy_sets_kept: int = Field(default=4, ge=1, le=64)
     signing_key_file: Path | None = None
     identity_issuer: str = "stoa-ext-authz"
     workers: int = Field(default=1, ge=1, le=64)

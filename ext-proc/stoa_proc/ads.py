@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
-from stoa_ops.policy_sets import PolicySubscription, the_resource
+from stoa_ops.policy_sets import PolicySubscription, policy_set, the_resource
 from stoa_proto import proc_pb2
 
 from stoa_proc.policy import PolicySet, PolicyStore, compile_policy_set
@@ -35,14 +35,11 @@ def subscribe(
     credentials: grpc.ChannelCredentials | None = None,
     server_name: str = "",
     on_change: Callable[[], Awaitable[None]] | None = None,
-) -> PolicySubscription[PolicySet]:
+) -> PolicySubscription:
     return PolicySubscription(
         address,
-        store,
         service="stoa-proc",
-        type_url=TYPE_URL,
-        decode=lambda response: decode(response, default_max_body_bytes),
+        resources={TYPE_URL: policy_set(store, lambda r: decode(r, default_max_body_bytes), on_change)},
         credentials=credentials,
         server_name=server_name,
-        on_change=on_change,
     )

@@ -15,6 +15,8 @@ class Settings(SiteSettings):
 
     grpc_address: str = "127.0.0.1:9291"
     http_address: str = "127.0.0.1:9292"
+    # How many accepted policy sets stay available for routes built with an older one.
+    policy_sets_kept: int = Field(default=4, ge=1, le=64)
     # The largest body inspected whatever a policy says (and a policy's limit when it sets none);
     # keep it at or under Envoy's per-connection buffer limit (1 MiB by default).
     max_body_bytes: int = Field(default=1024 * 1024, ge=1)

@@ -6,32 +6,24 @@ import asyncio
 import logging
 import sys
 
-from pydantic import ValidationError
+from stoa_ops import site_settings
 from stoa_ops.logs import configure
 
 from stoa_mcp.serve import serve
-from stoa_mcp.settings import ConfigError, Settings, check
+from stoa_mcp.settings import Settings, check
 
 log = logging.getLogger("stoa_mcp")
 
 
 def _refuse(message: str) -> int:
-    log.error(message)
-    print(f"stoa-mcp: {message}", file=sys.stderr)
-    return 2
+    return site_settings.refuse("stoa-mcp", log, message)
 
 
 def main() -> int:
     configure(quiet=("httpx",))
-    try:
-        settings = Settings()
-        warnings = check(settings)
-    except ValidationError as exc:
-        return _refuse(f"invalid settings: {exc}")
-    except ConfigError as exc:
-        return _refuse(str(exc))
-    for warning in warnings:
-        log.warning(warning)
+    settings = site_settings.read("stoa-mcp", log, Settings, check)
+    if isinstance(settings, int):
+        return settings
     try:
         asyncio.run(serve(settings))
     except ValueError as exc:

@@ -21,13 +21,14 @@ from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from stoa_ops import policy_sets
 
 MAX_LIFETIME_S = 900
 NO_ARTIFACT = "no_artifact"
 ARTIFACT_EXPIRED = "artifact_expired"
 
 
-class Refused(Exception):
+class Refused(policy_sets.Refused):
     """An artifact that is not honoured; the message says why (it is NACKed with it)."""
 
 

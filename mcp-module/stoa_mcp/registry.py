@@ -10,10 +10,11 @@ from typing import Any
 import mcp_types as types
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from stoa_ops.policy_sets import Refused
 from stoa_proto import mcp_pb2
 
 
-class RegistryError(Exception):
+class RegistryError(Refused):
     """A policy set the module cannot use (NACKed with this message; the one in force stays)."""
 
 

@@ -5,28 +5,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 
 import httpx
 import uvicorn
 from mcp.server.transport_security import TransportSecuritySettings
 from prometheus_client import CollectorRegistry
 from stoa_ops.endpoint import OperatorEndpoint
+from stoa_ops.lifecycle import stop_on_signals
+from stoa_ops.policy_sets import PolicySubscription
 
-from stoa_mcp.ads import Subscription, channel_credentials
+from stoa_mcp.ads import subscribe
 from stoa_mcp.budgets import Budgets
 from stoa_mcp.health import McpCollector, readiness
 from stoa_mcp.identity import EnvelopeVerifier
 from stoa_mcp.permissions import Permissions, load_pinned_keys
 from stoa_mcp.server import McpModule
-from stoa_mcp.settings import Settings, split_address
+from stoa_mcp.settings import Settings
 
 log = logging.getLogger("stoa_mcp")
 
 
 def build(
     settings: Settings, budgets: Budgets | None = None
-) -> tuple[McpModule, Subscription, httpx.AsyncClient]:
+) -> tuple[McpModule, PolicySubscription, httpx.AsyncClient]:
     assert settings.trusted_keys is not None
     permissions = Permissions(
         load_pinned_keys(settings.trusted_keys),
@@ -48,18 +49,18 @@ def build(
     )
     budgets = Budgets(settings.database_url)
     module = McpModule(permissions, verifier, http, settings.upstream_timeout_ms, budgets, security)
-    credentials = None
-    if settings.tls_files:
-        ca, cert, key = (path.read_bytes() for path in settings.tls_files)
-        credentials = channel_credentials(ca, cert, key)
-    subscription = Subscription(
-        settings.ads_address, permissions, module.use_registry, credentials, settings.ads_server_name
+    subscription = subscribe(
+        settings.ads_address,
+        permissions,
+        module.use_registry,
+        settings.ads_credentials(),
+        settings.ads_server_name,
     )
     return module, subscription, http
 
 
-def _server(app: object, address: str) -> uvicorn.Server:
-    host, port = split_address(address)
+def _server(app: object, settings: Settings, name: str) -> uvicorn.Server:
+    host, port = settings.address(name)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="auto", access_log=False)
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
@@ -68,15 +69,13 @@ def _server(app: object, address: str) -> uvicorn.Server:
 
 async def serve(settings: Settings) -> None:
     module, subscription, http = build(settings)
-    mcp = _server(module, settings.mcp_address)
+    mcp = _server(module, settings, "mcp_address")
     registry = CollectorRegistry()
     registry.register(McpCollector(module))
-    host, port = split_address(settings.http_address)
+    host, port = settings.address("http_address")
     ops = await OperatorEndpoint(lambda: readiness(module), registry).start(host, port)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(stop)
     await module.verifier.refresh()
     ads_task = asyncio.create_task(subscription.run(), name="stoa-mcp-ads")
     servers = [asyncio.create_task(mcp.serve(), name="stoa-mcp-mcp")]

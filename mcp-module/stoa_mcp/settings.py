@@ -1,34 +1,26 @@
-"""Settings of the MCP module: `STOA_MCP_*` environment variables plus `STOA_ENV`."""
+"""Settings of the MCP module: `STOA_MCP_*` environment variables plus `STOA_ENV` (what the site
+services share is `stoa_ops.site_settings`)."""
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar
 
-from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+from stoa_ops.site_settings import ConfigError, SiteSettings
+
+__all__ = ["ConfigError", "Settings", "check"]
 
 
-class ConfigError(Exception):
-    """A setting that makes the module unable to enforce; start-up is refused with this message."""
-
-
-class Settings(BaseSettings):
+class Settings(SiteSettings):
     model_config = SettingsConfigDict(env_prefix="STOA_MCP_", extra="ignore")
+    service_addresses: ClassVar[tuple[str, ...]] = ("mcp_address", "http_address")
 
-    env: Literal["development", "production"] = Field(
-        default="development", validation_alias=AliasChoices("STOA_ENV")
-    )
     # Where Envoy sends the MCP routes (the Link's STOA_LINK_MCP_ADDRESS).
     mcp_address: str = "127.0.0.1:9391"
     # Operator endpoint: /health/live, /health/ready, /metrics.
     http_address: str = "127.0.0.1:9392"
-    ads_address: str = "127.0.0.1:18000"
-    ads_server_name: str = ""
-    tls_ca: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
     # The gateway this module serves: the `aud` every signed tool-permission artifact must name.
     gateway_id: str = ""
     # The `iss` of the artifacts (the CP's STOA_CP_MCP_PERMISSIONS_ISSUER).
@@ -59,48 +51,16 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @property
-    def tls_files(self) -> tuple[Path, Path, Path] | None:
-        if self.tls_ca and self.tls_cert and self.tls_key:
-            return self.tls_ca, self.tls_cert, self.tls_key
-        return None
-
-
-def split_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(f"address {address!r} is not host:port")
-    return host.strip("[]"), int(port)
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
 
 def check(settings: Settings) -> list[str]:
     """Raise ConfigError for settings that must refuse start-up; return warnings for the rest."""
-    warnings: list[str] = []
-    for name in ("mcp_address", "http_address", "ads_address"):
-        split_address(getattr(settings, name))
+    refused, warnings = settings.site_checks()
     if not settings.gateway_id:
         raise ConfigError("STOA_MCP_GATEWAY_ID is required (the audience of the tool permissions)")
     if settings.trusted_keys is None:
         raise ConfigError("STOA_MCP_TRUSTED_KEYS is required (the pinned keys of the tool permissions)")
-    if settings.tls_files is None and any((settings.tls_ca, settings.tls_cert, settings.tls_key)):
-        raise ConfigError("STOA_MCP_TLS_CA, STOA_MCP_TLS_CERT and STOA_MCP_TLS_KEY go together")
-    if settings.tls_files is None:
-        if settings.env == "production":
-            raise ConfigError("refusing to start in production: STOA_MCP_TLS_CA, _CERT and _KEY must be set")
-        warnings.append("no ADS client certificate configured: connecting to the ADS server without TLS")
+    if refused:
+        raise ConfigError("refusing to start in production: " + "; ".join(refused))
     if not settings.allowed_hosts:
         warnings.append("STOA_MCP_ALLOWED_HOSTS is empty: Host and Origin are not checked (DNS rebinding)")
-    for name in ("mcp_address", "http_address"):
-        host, _ = split_address(getattr(settings, name))
-        if not _loopback(host):
-            warnings.append(f"{name} {getattr(settings, name)} is not loopback and has no TLS of its own")
     return warnings

@@ -22,7 +22,7 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
 async def run_until_stopped(
     stop: asyncio.Event,
-    subscription: PolicySubscription,  # type: ignore[type-arg]  # any service's
+    subscription: PolicySubscription,
     http: asyncio.Server,
     log: logging.Logger,
     started: Mapping[str, object],

@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sized
+from collections.abc import Awaitable, Callable, Mapping, Sized
 from typing import Generic, Protocol, TypeVar
 
 import grpc
@@ -98,36 +98,60 @@ def the_resource(response: DiscoveryResponse, type_url: str, kind: type[M]) -> M
     return named[0]
 
 
-class PolicySubscription(Generic[V]):
-    """Subscribes `service` (its node id and cluster) to `type_url` at `address`; `decode` turns a
-    response into a compiled set (raising Refused, or anything it did not foresee: both are NACKs)."""
+# A resource type's handler: uses a response (raising Refused, or anything it did not foresee: both
+# NACK it, what is in force stays) and returns the fields its acceptance is logged with.
+Apply = Callable[[DiscoveryResponse], Awaitable[Mapping[str, object]]]
+
+
+def policy_set(
+    store: KeptVersions[V],
+    decode: Callable[[DiscoveryResponse], V],
+    on_change: Callable[[], Awaitable[None]] | None = None,
+) -> Apply:
+    """The handler of a compiled policy set: `decode` it, keep it in `store`, then `on_change`."""
+
+    async def apply(response: DiscoveryResponse) -> Mapping[str, object]:
+        compiled = decode(response)
+        store.add(compiled)
+        if on_change is not None:
+            await on_change()
+        return {"policy_set_version": compiled.version, "routes": len(compiled.routes)}
+
+    return apply
+
+
+class PolicySubscription:
+    """One ADS stream from `service` (its node id and cluster) to `address`, subscribed to each type
+    URL of `resources` and answering each response like Envoy: ACK once its handler used it, NACK
+    (with the reason; the version in force named) when the handler refused it."""
 
     def __init__(
         self,
         address: str,
-        store: KeptVersions[V],
         *,
         service: str,
-        type_url: str,
-        decode: Callable[[DiscoveryResponse], V],
+        resources: Mapping[str, Apply],
         credentials: grpc.ChannelCredentials | None = None,
         server_name: str = "",
-        on_change: Callable[[], Awaitable[None]] | None = None,
         first: Callable[[DiscoveryResponse], None] | None = None,
     ) -> None:
         self._address = address
-        # Read from every response before it is decoded, whether it is then accepted or refused
+        self._resources = dict(resources)
+        # Read from every response before its handler, whether it is then accepted or refused
         # (what must apply even from a refused set: the authorization service's key revocations).
         self._first = first
-        self._store = store
-        self._type_url = type_url
-        self._decode = decode
         self._credentials = credentials
         self._server_name = server_name
-        self._on_change = on_change
         self._node = Node(id=f"{service}/{socket.gethostname()}/{os.getpid()}", cluster=service)
         self._log = logging.getLogger(f"{service.replace('-', '_')}.ads")
-        self.accepted_version_info = ""
+        # The version accepted last, by type URL (what a NACK or a resubscription names).
+        self.accepted: dict[str, str] = dict.fromkeys(self._resources, "")
+
+    @property
+    def accepted_version_info(self) -> str:
+        """The version accepted last, for a subscription to a single type."""
+        (version,) = self.accepted.values()
+        return version
 
     def _channel(self) -> grpc.aio.Channel:
         options: list[tuple[str, int | str]] = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
@@ -160,53 +184,59 @@ class PolicySubscription(Generic[V]):
         async with self._channel() as channel:
             call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources()
             # Subscribe naming what we hold, so the server can skip re-sending an unchanged set.
-            await call.write(self._request(self.accepted_version_info))
+            for type_url, version in self.accepted.items():
+                await call.write(self._request(type_url, version))
             while True:
                 response = await call.read()
                 if response is grpc.aio.EOF:
                     return handled
                 handled = True
-                await call.write(await self._apply(response))
+                await call.write(await self.apply(response))
 
-    async def _apply(self, response: DiscoveryResponse) -> DiscoveryRequest:
+    async def apply(self, response: DiscoveryResponse) -> DiscoveryRequest:
+        """The ACK or NACK of `response`."""
         if self._first is not None:
             self._first(response)
+        type_url = response.type_url
+        handler = self._resources.get(type_url)
         try:
-            policy_set = self._decode(response)
+            if handler is None:
+                raise Refused(f"unexpected type {type_url!r}")
+            fields = await handler(response)
         except Exception as exc:
-            # Anything the compiler did not foresee is a refusal too: NACK (the sets in force stay)
-            # rather than drop the stream and be sent the same set again after every reconnect.
+            # Anything the handler did not foresee is a refusal too: NACK (what is in force stays)
+            # rather than drop the stream and be sent the same resource again after every reconnect.
             if not isinstance(exc, Refused):
                 self._log.exception("policy_set_uncompilable")
                 exc = Refused(f"policy set could not be compiled: {type(exc).__name__}")
             self._log.warning(
-                "policy_set_refused", extra={"version_info": response.version_info, "error": str(exc)}
+                "policy_set_refused",
+                extra={"type": _short(type_url), "version_info": response.version_info, "error": str(exc)},
             )
             return self._request(
-                self.accepted_version_info,
+                type_url,
+                self.accepted.get(type_url, ""),
                 response.nonce,
                 status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=str(exc)),
             )
-        self._store.add(policy_set)
-        if self._on_change is not None:
-            await self._on_change()
-        self.accepted_version_info = response.version_info
-        self._log.info(
-            "policy_set_accepted",
-            extra={"policy_set_version": policy_set.version, "routes": len(policy_set.routes)},
-        )
-        return self._request(response.version_info, response.nonce)
+        self.accepted[type_url] = response.version_info
+        self._log.info("policy_set_accepted", extra={"type": _short(type_url), **fields})
+        return self._request(type_url, response.version_info, response.nonce)
 
     def _request(
-        self, version_info: str, nonce: str = "", error: status_pb2.Status | None = None
+        self, type_url: str, version_info: str, nonce: str = "", error: status_pb2.Status | None = None
     ) -> DiscoveryRequest:
-        """A request for the policy set naming the version held; an ACK or NACK adds the nonce it
-        answers, a NACK its error."""
+        """A request for the resource named `default` naming the version held; an ACK or NACK adds the
+        nonce it answers, a NACK its error."""
         return DiscoveryRequest(
             node=self._node,
-            type_url=self._type_url,
+            type_url=type_url,
             resource_names=[RESOURCE_NAME],
             version_info=version_info,
             response_nonce=nonce,
             error_detail=error,
         )
+
+
+def _short(type_url: str) -> str:
+    return type_url.rsplit(".", 1)[-1]

@@ -1,8 +1,10 @@
-"""What the site services' settings share (the authorization and the processing service): the
-environment, their gRPC and HTTP addresses, the Link's ADS address and the TLS files for it, how many
-policy sets they keep; the start-up checks on those; and reading the settings at start-up.
+"""What the site services' settings share (the authorization and processing services, the MCP
+module): the environment, the Link's ADS address and the TLS files for it, the checks on their own
+addresses; the decision settings the authorization service and the Link share; reading the settings at
+start-up.
 
-Each service subclasses `SiteSettings` with its `env_prefix` and its own defaults and fields.
+Each service subclasses `SiteSettings` with its `env_prefix`, its addresses (named in
+`service_addresses`, the first being where it serves) and its own fields.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, ClassVar, Literal, TypeVar
 
 import grpc
 from pydantic import AliasChoices, Field, ValidationError, field_validator
@@ -31,16 +33,15 @@ class SiteSettings(BaseSettings):
     env: Literal["development", "production"] = Field(
         default="development", validation_alias=AliasChoices("STOA_ENV")
     )
-    grpc_address: str
-    http_address: str
+    # The service's own address settings, where it serves first; each is checked, and warned of when
+    # not loopback (these listeners have no TLS of their own).
+    service_addresses: ClassVar[tuple[str, ...]] = ("grpc_address", "http_address")
     ads_address: str = "127.0.0.1:18000"
     # Name checked against the ADS server certificate when it differs from the address host.
     ads_server_name: str = ""
     tls_ca: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
-    # How many accepted policy sets stay available for routes built with an older one.
-    policy_sets_kept: int = Field(default=4, ge=1, le=64)
 
     @property
     def prefix(self) -> str:
@@ -62,14 +63,15 @@ class SiteSettings(BaseSettings):
     def address(self, name: str) -> tuple[str, int]:
         """`host:port` of the address setting `name`; ConfigError (start-up refused) when it is not one."""
         try:
-            return split_host_port(getattr(self, name), f"{self.prefix}{name.upper()}", self.grpc_address)
+            example = getattr(self, self.service_addresses[0])
+            return split_host_port(getattr(self, name), f"{self.prefix}{name.upper()}", example)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
     def site_checks(self) -> tuple[list[str], list[str]]:
         """(what production refuses, warnings). Raises ConfigError for an address that is not
         `host:port` and for TLS files given in part."""
-        for name in ("grpc_address", "http_address", "ads_address"):
+        for name in (*self.service_addresses, "ads_address"):
             self.address(name)
         p = self.prefix
         if self.tls_files is None and any((self.tls_ca, self.tls_cert, self.tls_key)):
@@ -83,7 +85,7 @@ class SiteSettings(BaseSettings):
                 warnings.append(
                     "no ADS client certificate configured: connecting to the ADS server without TLS"
                 )
-        for name in ("grpc_address", "http_address"):
+        for name in self.service_addresses:
             host, _ = self.address(name)
             if not is_loopback(host):
                 warnings.append(f"{name} {getattr(self, name)} is not loopback and has no TLS of its own")
