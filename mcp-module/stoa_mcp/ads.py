@@ -37,7 +37,7 @@ def subscribe(
     async def artifact(response: DiscoveryResponse) -> Mapping[str, object]:
         resource = the_resource(response, PERMISSIONS_TYPE, mcp_pb2.ToolPermissions)
         offered = permissions.offer(resource.jws)
-        return {"seq": offered.seq, "kid": offered.kid, "expires_at": offered.expires_at}
+        return {"seq": offered.claims.seq, "kid": offered.kid, "expires_at": offered.claims.exp}
 
     return PolicySubscription(
         address,

@@ -19,7 +19,7 @@ def readiness(module: McpModule) -> tuple[str | None, dict[str, object]]:
     held = module.permissions.held
     if reason is not None or held is None:
         return reason or "no_artifact", {}
-    return None, {"seq": held.seq, "kid": held.kid, "expires_at": held.expires_at}
+    return None, {"seq": held.claims.seq, "kid": held.kid, "expires_at": held.claims.exp}
 
 
 class McpCollector(Collector):
@@ -46,12 +46,12 @@ class McpCollector(Collector):
         yield GaugeMetricFamily(
             "stoa_mcp_permissions_seq",
             "The seq of the tool permissions held (0: none).",
-            value=held.seq if held else 0,
+            value=held.claims.seq if held else 0,
         )
         yield GaugeMetricFamily(
             "stoa_mcp_permissions_expires_at",
             "Expiry of the tool permissions held (Unix time; 0: none).",
-            value=held.expires_at if held else 0,
+            value=held.claims.exp if held else 0,
         )
         yield GaugeMetricFamily(
             "stoa_mcp_ready", "1 when the module can enforce.", value=0 if module.not_ready() else 1

@@ -17,11 +17,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from stoa_ops import policy_sets
+from stoa_proto import tool_permissions
+from stoa_proto.tool_permissions import ToolPermissionClaims
 
 MAX_LIFETIME_S = 900
 NO_ARTIFACT = "no_artifact"
@@ -68,45 +69,10 @@ def load_pinned_keys(path: Path) -> dict[str, Ed25519PublicKey]:
 
 
 @dataclass(frozen=True)
-class Grant:
-    grant_id: str
-    tenant_id: str
-    tool: str
-    consumers: frozenset[str]
-    scopes: frozenset[str]
-
-
-@dataclass(frozen=True)
-class Revocation:
-    revocation_id: str
-    tenant_id: str
-    tool: str
-    consumer: str  # "" = every caller
-
-
-@dataclass(frozen=True)
 class Artifact:
     jws: str
     kid: str
-    seq: int
-    jti: str
-    issued_at: int
-    expires_at: int
-    grants: tuple[Grant, ...]
-    revocations: tuple[Revocation, ...]
-
-
-def _strings(value: Any, where: str) -> frozenset[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise Refused(f"{where} is not a list of strings")
-    return frozenset(value)
-
-
-def _text(obj: Mapping[str, Any], key: str, where: str) -> str:
-    value = obj.get(key)
-    if not isinstance(value, str):
-        raise Refused(f"{where}.{key} is not a string")
-    return value
+    claims: ToolPermissionClaims
 
 
 def verify(
@@ -135,58 +101,20 @@ def verify(
     except (InvalidSignature, Refused):
         raise Refused("bad signature") from None
     try:
-        claims = json.loads(_b64decode(parts[1]))
-    except (Refused, ValueError):
-        raise Refused("unreadable payload") from None
-    if not isinstance(claims, dict):
-        raise Refused("unreadable payload")
-    if claims.get("iss") != issuer:
-        raise Refused(f"iss {claims.get('iss')!r} is not {issuer!r}")
-    if claims.get("aud") != audience:
-        raise Refused(f"aud {claims.get('aud')!r} is not this gateway ({audience!r})")
-    iat, exp, seq = claims.get("iat"), claims.get("exp"), claims.get("seq")
-    if type(iat) is not int or type(exp) is not int or type(seq) is not int:
-        raise Refused("iat, exp and seq must be integers")
-    if exp - iat > MAX_LIFETIME_S or exp <= iat:
-        raise Refused(f"lifetime {exp - iat} s is not within 1..{MAX_LIFETIME_S} s")
-    if iat > now + skew_s:
+        claims = tool_permissions.read(_b64decode(parts[1]))
+    except (Refused, tool_permissions.NotToolPermissions) as exc:
+        raise Refused(f"unreadable payload ({exc})") from None
+    if claims.iss != issuer:
+        raise Refused(f"iss {claims.iss!r} is not {issuer!r}")
+    if claims.aud != audience:
+        raise Refused(f"aud {claims.aud!r} is not this gateway ({audience!r})")
+    if claims.exp - claims.iat > MAX_LIFETIME_S or claims.exp <= claims.iat:
+        raise Refused(f"lifetime {claims.exp - claims.iat} s is not within 1..{MAX_LIFETIME_S} s")
+    if claims.iat > now + skew_s:
         raise Refused("issued in the future")
-    if exp <= now:
+    if claims.exp <= now:
         raise Refused("expired")
-    jti = claims.get("jti")
-    if not isinstance(jti, str) or not jti:
-        raise Refused("jti missing")
-    grants, revocations = claims.get("grants"), claims.get("revocations")
-    if not isinstance(grants, list) or not isinstance(revocations, list):
-        raise Refused("grants and revocations must be lists")
-    parsed_grants = []
-    for i, g in enumerate(grants):
-        where = f"grants[{i}]"
-        if not isinstance(g, dict):
-            raise Refused(f"{where} is not an object")
-        parsed_grants.append(
-            Grant(
-                _text(g, "grant_id", where),
-                _text(g, "tenant_id", where),
-                _text(g, "tool", where),
-                _strings(g.get("consumers", []), f"{where}.consumers"),
-                _strings(g.get("scopes", []), f"{where}.scopes"),
-            )
-        )
-    parsed_revocations = []
-    for i, r in enumerate(revocations):
-        where = f"revocations[{i}]"
-        if not isinstance(r, dict):
-            raise Refused(f"{where} is not an object")
-        parsed_revocations.append(
-            Revocation(
-                _text(r, "revocation_id", where),
-                _text(r, "tenant_id", where),
-                _text(r, "tool", where),
-                str(r.get("consumer") or ""),
-            )
-        )
-    return Artifact(jws, kid, seq, jti, iat, exp, tuple(parsed_grants), tuple(parsed_revocations))
+    return Artifact(jws, kid, claims)
 
 
 @dataclass(frozen=True)
@@ -217,12 +145,16 @@ class Permissions:
             artifact = verify(jws, self.keys, self.audience, self.issuer, self.clock(), self.skew_s)
             held = self.held
             if held is not None:
-                if artifact.seq < held.seq:
-                    raise Refused(f"seq {artifact.seq} is below the one held ({held.seq}): a rollback")
-                if artifact.seq == held.seq and artifact.jws != held.jws:
-                    raise Refused(f"seq {artifact.seq} is held already with other content: a replay")
+                if artifact.claims.seq < held.claims.seq:
+                    raise Refused(
+                        f"seq {artifact.claims.seq} is below the one held ({held.claims.seq}): a rollback"
+                    )
+                if artifact.claims.seq == held.claims.seq and artifact.jws != held.jws:
+                    raise Refused(f"seq {artifact.claims.seq} is held already with other content: a replay")
         except Refused as exc:
+            # The metric's label: the kind of refusal, without the values that vary.
             reason = str(exc).split(" ", 1)[0] if str(exc).startswith(("alg", "kid", "seq")) else str(exc)
+            reason = reason.split(" (", 1)[0]
             self.refusals[reason] = self.refusals.get(reason, 0) + 1
             raise
         self.held = artifact
@@ -232,7 +164,7 @@ class Permissions:
         """Why nothing can be allowed now (`no_artifact`, `artifact_expired`), or None."""
         if self.held is None:
             return NO_ARTIFACT
-        if self.held.expires_at <= self.clock():
+        if self.held.claims.exp <= self.clock():
             return ARTIFACT_EXPIRED
         return None
 
@@ -243,7 +175,7 @@ class Permissions:
             return False
         held = self.held
         assert held is not None
-        for revocation in held.revocations:
+        for revocation in held.claims.revocations:
             if (
                 revocation.tenant_id == caller.tenant_id
                 and revocation.tool == tool
@@ -253,6 +185,6 @@ class Permissions:
         return any(
             g.tenant_id == caller.tenant_id
             and g.tool == tool
-            and (caller.consumer in g.consumers or not g.scopes.isdisjoint(caller.scopes))
-            for g in held.grants
+            and (caller.consumer in g.consumers or not caller.scopes.isdisjoint(g.scopes))
+            for g in held.claims.grants
         )

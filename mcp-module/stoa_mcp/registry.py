@@ -3,15 +3,13 @@ their tenants, compiled once per policy set (argument validators, the MCP tool d
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Any
 
 import mcp_types as types
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from stoa_ops.policy_sets import Refused
 from stoa_proto import mcp_pb2
+from stoa_translate import tools as tool_rules
 
 
 class RegistryError(Refused):
@@ -20,18 +18,23 @@ class RegistryError(Refused):
 
 @dataclass(frozen=True)
 class CompiledTool:
-    tenant_id: str
-    name: str
-    api_id: str
-    method: str
-    path_template: str
-    upstream_url: str
-    timeout_ms: int
+    """A tool as the registry carries it (`spec`: its API's method, path and upstream, its timeout and
+    budget), with what is compiled once per policy set: its argument and answer validators and its
+    MCP description."""
+
+    spec: mcp_pb2.Tool
     input_validator: Draft202012Validator
     output_validator: Draft202012Validator | None
     description: types.Tool
-    # Calls per window per consumer; None: no budget.
-    budget: tuple[int, int] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def budget(self) -> tuple[int, int] | None:
+        """Calls per window per consumer; None: no budget."""
+        return (self.spec.budget_calls, self.spec.budget_window_s) if self.spec.budget_calls else None
 
 
 @dataclass(frozen=True)
@@ -47,17 +50,6 @@ class Registry:
         return [tool for (tenant, _), tool in sorted(self.tools.items()) if tenant == tenant_id]
 
 
-def _schema(text: str, where: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-        Draft202012Validator.check_schema(value)
-    except (ValueError, SchemaError) as exc:
-        raise RegistryError(f"{where} is not a JSON Schema: {exc}") from None
-    if not isinstance(value, dict):
-        raise RegistryError(f"{where} is not a JSON object")
-    return value
-
-
 def compile_policy_set(policy_set: mcp_pb2.McpPolicySet) -> Registry:
     routes = {route.api_id: route.tenant_id for route in policy_set.routes}
     tools: dict[tuple[str, str], CompiledTool] = {}
@@ -65,32 +57,23 @@ def compile_policy_set(policy_set: mcp_pb2.McpPolicySet) -> Registry:
         where = f"tool {tool.tenant_id}/{tool.name}"
         if (tool.tenant_id, tool.name) in tools:
             raise RegistryError(f"{where}: duplicate")
-        input_schema = _schema(tool.input_schema_json, f"{where}: input_schema")
-        output_schema = (
-            _schema(tool.output_schema_json, f"{where}: output_schema") if tool.output_schema_json else None
-        )
         try:
-            annotations = json.loads(tool.annotations_json) if tool.annotations_json else None
+            # The rules the CP and the Link apply to the same tool.
+            documents = tool_rules.read(tool)
             description = types.Tool(
                 name=tool.name,
                 description=tool.description,
-                input_schema=input_schema,
-                output_schema=output_schema,
-                annotations=types.ToolAnnotations(**annotations) if annotations else None,
+                input_schema=documents.input_schema,
+                output_schema=documents.output_schema,
+                annotations=types.ToolAnnotations(**documents.annotations) if documents.annotations else None,
             )
         except (ValueError, TypeError) as exc:
             raise RegistryError(f"{where}: {exc}") from None
+        output_schema = documents.output_schema
         tools[(tool.tenant_id, tool.name)] = CompiledTool(
-            tenant_id=tool.tenant_id,
-            name=tool.name,
-            api_id=tool.api_id,
-            method=tool.method,
-            path_template=tool.path_template,
-            upstream_url=tool.upstream_url,
-            timeout_ms=tool.timeout_ms,
-            input_validator=Draft202012Validator(input_schema),
-            output_validator=Draft202012Validator(output_schema) if output_schema is not None else None,
-            description=description,
-            budget=(tool.budget_calls, tool.budget_window_s) if tool.budget_calls else None,
+            tool,
+            Draft202012Validator(documents.input_schema),
+            Draft202012Validator(output_schema) if output_schema is not None else None,
+            description,
         )
     return Registry(policy_set.version, policy_set.generation, routes, tools)

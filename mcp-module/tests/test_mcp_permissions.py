@@ -10,6 +10,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from stoa_mcp.permissions import Caller, Permissions, Refused, load_pinned_keys
+from stoa_proto.tool_permissions import ToolGrant, ToolPermissionClaims, ToolRevocation
 
 NOW = 1_800_000_000
 GATEWAY = "gw-1"
@@ -58,6 +59,7 @@ def perms(keys):
     return held
 
 
+REVOKED = {"revocation_id": "r", "tenant_id": "t", "tool": "read", "consumer": ""}
 ALICE = Caller("t", "mcp", "alice", frozenset())
 READER = Caller("t", "mcp", "bob", frozenset({"tools:read"}))
 OTHER_TENANT = Caller("u", "mcp", "alice", frozenset({"tools:read"}))
@@ -108,6 +110,20 @@ def test_expiry_is_never_extended(perms, keys):
         (lambda k: sign(k["k1"], "k1", payload(exp=NOW - 1)), "expired"),
         (lambda k: sign(k["k1"], "k1", payload(exp=NOW - 10 + 901)), "lifetime 901"),
         (lambda k: "a.b", "not a compact JWS"),
+        # The contents are read by the one typed reader the CP signs with (stoa_proto.tool_permissions).
+        (lambda k: sign(k["k1"], "k1", payload(seq="6")), "unreadable payload \\(seq"),
+        (lambda k: sign(k["k1"], "k1", payload(6, iat=float(NOW))), "unreadable payload \\(iat"),
+        (lambda k: sign(k["k1"], "k1", payload(True)), "unreadable payload \\(seq"),
+        (lambda k: sign(k["k1"], "k1", payload(6, jti="")), "unreadable payload \\(jti"),
+        (lambda k: sign(k["k1"], "k1", payload(6, grants={})), "unreadable payload \\(grants"),
+        (
+            lambda k: sign(k["k1"], "k1", payload(6, grants=[{"grant_id": "g", "tenant_id": "t"}])),
+            "unreadable payload \\(grants.0.tool",
+        ),
+        (
+            lambda k: sign(k["k1"], "k1", payload(6, revocations=[{**REVOKED, "consumer": 7}])),
+            "unreadable payload \\(revocations.0.consumer",
+        ),
     ],
 )
 def test_refused_artifacts_change_nothing(perms, keys, make, why):
@@ -115,7 +131,7 @@ def test_refused_artifacts_change_nothing(perms, keys, make, why):
     with pytest.raises(Refused, match=why):
         perms.offer(make(keys))
     assert perms.held is not None
-    assert perms.held.seq == 5
+    assert perms.held.claims.seq == 5
 
 
 def test_tampered_payload_is_refused(perms, keys):
@@ -150,13 +166,31 @@ def test_rollback_and_replay_are_refused(perms, keys):
     perms.offer(same)  # the very same artifact again: no change
     with pytest.raises(Refused, match="replay"):
         perms.offer(sign(keys["k1"], "k1", payload(7, jti="other")))
-    assert perms.held.seq == 7
+    assert perms.held.claims.seq == 7
 
 
 def test_both_keys_verify_during_a_rotation(perms, keys):
     perms.offer(sign(keys["k1"], "k1", payload(1)))
     perms.offer(sign(keys["k2"], "k2", payload(2)))
     assert perms.held.kid == "k2"
+
+
+def test_what_the_cp_signs_is_what_the_module_reads(perms, keys):
+    """The CP builds its payload with the same typed contents the module reads (one contract)."""
+    claims = ToolPermissionClaims(
+        iss="stoa-cp",
+        aud=GATEWAY,
+        iat=NOW,
+        exp=NOW + 600,
+        jti="j",
+        seq=3,
+        grants=(ToolGrant(grant_id="g", tenant_id="t", tool="read", scopes=("tools:read",)),),
+        revocations=(ToolRevocation(revocation_id="r", tenant_id="t", tool="read", consumer="carol"),),
+    )
+    held = perms.offer(sign(keys["k1"], "k1", claims.payload()))
+    assert held.claims == claims
+    assert perms.allows(READER, "read")
+    assert not perms.allows(Caller("t", "mcp", "carol", frozenset({"tools:read"})), "read")
 
 
 def test_pinned_keys_file(tmp_path: Path, keys):

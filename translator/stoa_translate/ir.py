@@ -9,7 +9,6 @@ id, issuers by tenant then issuer).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -219,26 +218,10 @@ def _check_tools(tools: tuple[mcp_pb2.Tool, ...]) -> None:
             raise _invalid(f"{where}: duplicate tool name")
         seen.add((tool.tenant_id, tool.name))
         try:
-            tool_rules.name(tool.name)
-            input_schema = tool_rules.schema("input_schema", _json(tool.input_schema_json))
-            if tool.output_schema_json:
-                tool_rules.schema("output_schema", _json(tool.output_schema_json))
-            if tool.annotations_json:
-                tool_rules.annotations(_json(tool.annotations_json))
-            tool_rules.path_template(tool.path_template, input_schema)
-            tool_rules.method(tool.method, ())
+            tool_rules.read(tool)
             fields.upstream_url(tool.upstream_url)
-            if (tool.budget_calls == 0) != (tool.budget_window_s == 0):
-                raise ValueError("budget needs both calls and a window")
         except ValueError as exc:
             raise _invalid(f"{where}: {exc}") from None
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
 
 
 def _digests(values: Any, where: str) -> list[str]:

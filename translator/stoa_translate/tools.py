@@ -8,13 +8,16 @@ template's `{parameters}` come from the call's arguments, so each must be a prop
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from stoa_proto import mcp_pb2
 
 from stoa_translate import fields
 
@@ -124,3 +127,39 @@ def expand(template: str, arguments: Mapping[str, Any]) -> tuple[str, dict[str, 
         return quote(text, safe="")
 
     return _PARAMETER.sub(segment, template), {k: v for k, v in arguments.items() if k not in used}
+
+
+@dataclass(frozen=True)
+class ToolDocuments:
+    """The JSON members of a tool as the registry carries them (`stoa.mcp.v1.Tool`), read."""
+
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None
+    annotations: dict[str, Any] | None
+
+
+def _json(field: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ToolError(field, "is not JSON") from None
+
+
+def read(tool: mcp_pb2.Tool) -> ToolDocuments:
+    """A tool of the registry (in the inventory and in the MCP module's policy set) by these rules, as
+    the Link and the module both read it; ToolError naming the member."""
+    name(tool.name)
+    input_schema = schema("input_schema", _json("input_schema", tool.input_schema_json))
+    output_schema = (
+        schema("output_schema", _json("output_schema", tool.output_schema_json))
+        if tool.output_schema_json
+        else None
+    )
+    tool_annotations = (
+        annotations(_json("annotations", tool.annotations_json)) if tool.annotations_json else None
+    )
+    path_template(tool.path_template, input_schema)
+    method(tool.method, ())
+    if (tool.budget_calls == 0) != (tool.budget_window_s == 0):
+        raise ToolError("budget", "needs both calls and a window")
+    return ToolDocuments(input_schema, output_schema, tool_annotations)

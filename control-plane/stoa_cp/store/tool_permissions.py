@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import asyncpg
+from stoa_proto.tool_permissions import ToolGrant, ToolPermissionClaims, ToolRevocation
 
 log = logging.getLogger("stoa_cp.tool_permissions")
 
@@ -46,7 +47,9 @@ class Current:
     jws: str
 
 
-async def content(conn: asyncpg.Connection, gateway_id: str) -> dict[str, Any]:
+async def content(
+    conn: asyncpg.Connection, gateway_id: str
+) -> tuple[tuple[ToolGrant, ...], tuple[ToolRevocation, ...]]:
     """The grants and revocations of the tenants with an MCP route on the gateway."""
     tenants = [
         row["tenant_id"]
@@ -66,22 +69,26 @@ async def content(conn: asyncpg.Connection, gateway_id: str) -> dict[str, Any]:
         " WHERE tenant_id = ANY($1::text[]) ORDER BY tenant_id, revocation_id",
         tenants,
     )
-    return {
-        "grants": [
-            {
-                "grant_id": g["grant_id"],
-                "tenant_id": g["tenant_id"],
-                "tool": g["tool"],
-                "consumers": list(g["consumers"]),
-                "scopes": list(g["scopes"]),
-            }
+    return (
+        tuple(
+            ToolGrant(
+                grant_id=g["grant_id"],
+                tenant_id=g["tenant_id"],
+                tool=g["tool"],
+                consumers=tuple(g["consumers"]),
+                scopes=tuple(g["scopes"]),
+            )
             for g in grants
-        ],
-        "revocations": [dict(r) for r in revocations],
+        ),
+        tuple(ToolRevocation(**dict(r)) for r in revocations),
+    )
+
+
+def _digest(grants: tuple[ToolGrant, ...], revocations: tuple[ToolRevocation, ...]) -> str:
+    value = {
+        "grants": [g.model_dump(mode="json") for g in grants],
+        "revocations": [r.model_dump(mode="json") for r in revocations],
     }
-
-
-def _digest(value: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -108,8 +115,8 @@ async def resign(
         )
         if row is None:
             continue
-        body = await content(conn, gateway_id)
-        digest = _digest(body)
+        grants, revocations = await content(conn, gateway_id)
+        digest = _digest(grants, revocations)
         now = clock()
         remaining = row["expires_at"].timestamp() - now
         if (
@@ -121,27 +128,28 @@ async def resign(
             continue
         seq = int(row["seq"]) + 1
         issued = int(now)
-        payload = {
-            "iss": signer.issuer,
-            "aud": gateway_id,
-            "iat": issued,
-            "exp": issued + signer.lifetime_s,
-            "jti": secrets.token_hex(16),
-            "seq": seq,
-            **body,
-        }
-        kid, jws = signer.sign(payload)
+        claims = ToolPermissionClaims(
+            iss=signer.issuer,
+            aud=gateway_id,
+            iat=issued,
+            exp=issued + signer.lifetime_s,
+            jti=secrets.token_hex(16),
+            seq=seq,
+            grants=grants,
+            revocations=revocations,
+        )
+        kid, jws = signer.sign(claims.payload())
         await conn.execute(
             "UPDATE tool_permissions SET seq = $2, jti = $3, kid = $4, digest = $5, jws = $6, issued_at = $7,"
             " expires_at = $8 WHERE gateway_id = $1",
             gateway_id,
             seq,
-            payload["jti"],
+            claims.jti,
             kid,
             digest,
             jws,
             datetime.fromtimestamp(issued, UTC),
-            datetime.fromtimestamp(payload["exp"], UTC),
+            datetime.fromtimestamp(claims.exp, UTC),
         )
         await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, gateway_id)
         signed[gateway_id] = seq
@@ -150,8 +158,8 @@ async def resign(
             gateway_id,
             seq,
             kid,
-            len(body["grants"]),
-            len(body["revocations"]),
+            len(grants),
+            len(revocations),
         )
     return signed
 
