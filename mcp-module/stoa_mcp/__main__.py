@@ -1,11 +1,11 @@
-"""`stoa-mcp`: check the settings, then run the MCP module."""
+"""`stoa-mcp`: check the settings, then run the MCP module (on uvloop)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 
+import uvloop
 from stoa_ops import site_settings
 from stoa_ops.logs import configure
 
@@ -15,22 +15,12 @@ from stoa_mcp.settings import Settings, check
 log = logging.getLogger("stoa_mcp")
 
 
-def _refuse(message: str) -> int:
-    return site_settings.refuse("stoa-mcp", log, message)
-
-
 def main() -> int:
-    configure(quiet=("httpx",))
-    settings = site_settings.read("stoa-mcp", log, Settings, check)
-    if isinstance(settings, int):
-        return settings
-    try:
-        asyncio.run(serve(settings))
-    except ValueError as exc:
-        return _refuse(str(exc))
-    except OSError as exc:
-        return _refuse(f"cannot start: {exc}")
-    return 0
+    configure(quiet=("aiohttp",))
+    # ValueError: the pinned keys file cannot be used.
+    return site_settings.run_service(
+        "stoa-mcp", log, Settings, check, serve, run=uvloop.run, refused=(ValueError,)
+    )
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -37,17 +38,17 @@ def _b64(segment: str) -> bytes:
         raise NotIdentified("envelope is not base64url") from None
 
 
+@dataclass
 class EnvelopeVerifier:
-    def __init__(
-        self, jwks_url: str, issuer: str, skew_s: int = 30, clock: Callable[[], float] = time.time
-    ) -> None:
-        self._url = jwks_url
-        self._issuer = issuer
-        self._skew_s = skew_s
-        self._clock = clock
-        self._keys: dict[str, Ed25519PublicKey] = {}
-        self._fetched_at = float("-inf")
-        self._lock = asyncio.Lock()
+    jwks_url: str
+    issuer: str
+    # The module's HTTP client (the keys are fetched through it).
+    http: aiohttp.ClientSession
+    skew_s: int = 30
+    clock: Callable[[], float] = time.time
+    _keys: dict[str, Ed25519PublicKey] = field(default_factory=dict)
+    _fetched_at: float = float("-inf")
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def has_keys(self) -> bool:
@@ -60,19 +61,21 @@ class EnvelopeVerifier:
                 return
             self._fetched_at = time.monotonic()
             try:
-                async with httpx.AsyncClient(timeout=2.0) as client:
-                    response = await client.get(self._url)
-                response.raise_for_status()
+                async with self.http.get(
+                    self.jwks_url, timeout=aiohttp.ClientTimeout(total=2.0), allow_redirects=False
+                ) as response:
+                    response.raise_for_status()
+                    document = await response.json(content_type=None)
                 keys = {}
-                for jwk in response.json().get("keys", []):
+                for jwk in document.get("keys", []):
                     if (
                         jwk.get("kty") == "OKP"
                         and jwk.get("crv") == "Ed25519"
                         and isinstance(jwk.get("kid"), str)
                     ):
                         keys[jwk["kid"]] = Ed25519PublicKey.from_public_bytes(_b64(jwk["x"]))
-            except (httpx.HTTPError, ValueError, NotIdentified, AttributeError) as exc:
-                log.warning("envelope keys not fetched", extra={"url": self._url, "error": repr(exc)})
+            except (aiohttp.ClientError, TimeoutError, ValueError, NotIdentified, AttributeError) as exc:
+                log.warning("envelope keys not fetched", extra={"url": self.jwks_url, "error": repr(exc)})
                 return
             self._keys = keys
 
@@ -99,9 +102,9 @@ class EnvelopeVerifier:
             key.verify(_b64(parts[2]), f"{parts[0]}.{parts[1]}".encode("ascii"))
         except InvalidSignature:
             raise NotIdentified("envelope signature does not verify") from None
-        now = self._clock()
+        now = self.clock()
         exp = claims.get("exp")
-        if claims.get("iss") != self._issuer or type(exp) is not int or exp + self._skew_s <= now:
+        if claims.get("iss") != self.issuer or type(exp) is not int or exp + self.skew_s <= now:
             raise NotIdentified("envelope expired or of another issuer")
         tenant, api, subject = claims.get("tenant"), claims.get("api"), claims.get("sub")
         scopes = claims.get("scopes", [])

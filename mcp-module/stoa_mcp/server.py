@@ -14,9 +14,11 @@ import json
 import logging
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any
 
-import httpx
+import aiohttp
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
@@ -39,6 +41,8 @@ ENVELOPE = "stoa.envelope"
 SESSION_HEADER = b"mcp-session-id"
 _IDENTITY = IDENTITY_HEADER.encode()
 MAX_OWNERS = 10_000
+# The caller of the HTTP request being answered, for what the SDK asks outside a handler's context.
+_caller: ContextVar[Caller | None] = ContextVar("stoa_mcp_caller", default=None)
 
 
 async def _json(send: Send, status: int, body: dict[str, Any]) -> None:
@@ -58,7 +62,7 @@ class McpModule:
         self,
         permissions: Permissions,
         verifier: EnvelopeVerifier,
-        http: httpx.AsyncClient,
+        http: aiohttp.ClientSession,
         upstream_timeout_ms: int,
         budgets: Budgets | None = None,
         security: TransportSecuritySettings | None = None,
@@ -72,7 +76,11 @@ class McpModule:
         self.budgets = budgets
         self.calls: Counter[str] = Counter()
         self.server: Server[Any] = Server(
-            "stoa-mcp", version="0.1.0", on_list_tools=self._list_tools, on_call_tool=self._call_tool
+            "stoa-mcp",
+            version="0.1.0",
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            get_tool_input_schema=self._input_schema,
         )
         self.sessions = StreamableHTTPSessionManager(
             app=self.server,
@@ -114,6 +122,14 @@ class McpModule:
         return [
             t for t in self.registry.tenant_tools(caller.tenant_id) if self.permissions.allows(caller, t.name)
         ]
+
+    def _input_schema(self, name: str) -> Mapping[str, Any] | None:
+        """The input schema the SDK checks a call's `Mcp-Param-*` headers against: only of a tool this
+        caller may call (as the listing would show it), else None (nothing to check: the call itself
+        then answers "Unknown tool"). Without it, the SDK runs a whole tools/list for every call."""
+        caller = _caller.get()
+        tool = self.callable_tool(caller, name) if caller is not None else None
+        return tool.description.input_schema if tool is not None else None
 
     # ---- MCP handlers --------------------------------------------------------------------------
 
@@ -201,6 +217,7 @@ class McpModule:
             return
         scope[CALLER] = caller
         scope[ENVELOPE] = envelope
+        _caller.set(caller)
 
         async def record_owner(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -9,11 +9,12 @@ Each service subclasses `SiteSettings` with its `env_prefix`, its addresses (nam
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import grpc
 from pydantic import AliasChoices, Field, ValidationError, field_validator
@@ -151,3 +152,27 @@ def read(
     for warning in warnings:
         log.warning(warning)
     return settings
+
+
+def run_service(
+    program: str,
+    log: logging.Logger,
+    settings_type: type[S],
+    check: Callable[[S], list[str]],
+    serve: Callable[[S], Coroutine[Any, Any, None]],
+    run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run,
+    refused: tuple[type[Exception], ...] = (),
+) -> int:
+    """A site service's start: its settings read and checked, then `serve(settings)` on an event loop
+    (`run`) until it returns; the exit code. Start-up is refused (2, the reason logged and printed) for
+    settings, for the `refused` errors `serve` raises at start and for a listener that cannot start."""
+    settings = read(program, log, settings_type, check)
+    if isinstance(settings, int):
+        return settings
+    try:
+        run(serve(settings))
+    except refused as exc:
+        return refuse(program, log, str(exc))
+    except OSError as exc:
+        return refuse(program, log, f"cannot start: {exc}")
+    return 0
