@@ -302,3 +302,52 @@ async def test_bulk_applies_the_mcp_kind_rules(api):
     )
     assert refused.status_code == 422
     assert refused.json()["errors"][0]["field"] == "apis[0].upstream_url"
+
+
+async def test_an_api_change_that_would_leave_a_tool_unfit_is_refused(api):
+    """A PUT (or a bulk item) that removes a method a tool calls is 409 naming the tools, and changes
+    nothing; a new upstream keeps the tools and takes them, with a new generation, to the gateways of
+    the tenant's MCP routes."""
+    tenant_id = await api.tenant()
+    gateway_id, credential = await api.gateway()
+    backing = await api.new_api(tenant_id, methods=["GET", "POST"])
+    mcp_api = api.uid("mcp")
+    await api.client.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{api.uid('m')}")
+    await api.deploy(gateway_id, mcp_api)
+    await api.client.create_tool(
+        "get_order",
+        tenant_id=tenant_id,
+        description="Get an order",
+        input_schema=SCHEMA,
+        api_id=backing,
+        method="GET",
+        path_template="/orders/{id}",
+    )
+    stored = await api.client.get_api(backing, tenant_id=tenant_id)
+    body = {k: stored[k] for k in ("name", "upstream_url", "path_prefix", "auth")}
+    before = await api.generation(gateway_id)
+    with pytest.raises(CPError) as refused:
+        await api.client.update_api(backing, {**body, "methods": ["POST"]}, tenant_id=tenant_id)
+    assert refused.value.status_code == 409
+    assert refused.value.fields == ["methods"]
+    assert "get_order (GET)" in refused.value.problem["errors"][0]["message"]
+    bulk = {**body, "api_id": backing, "methods": ["POST"]}
+    with pytest.raises(CPError) as refused_in_bulk:
+        await api.client.bulk(tenant_id, apis=[bulk])
+    assert refused_in_bulk.value.status_code == 409
+    assert refused_in_bulk.value.fields == ["apis[0].methods"]
+    assert (await api.client.get_api(backing, tenant_id=tenant_id))["methods"] == ["GET", "POST"]
+    assert await api.generation(gateway_id) == before
+    # Methods the tools keep, and a new upstream: accepted, and the tool follows it (bulk too).
+    await api.client.update_api(
+        backing, {**body, "methods": ["GET"], "upstream_url": "http://127.0.0.1:9001"}, tenant_id=tenant_id
+    )
+    assert await api.generation(gateway_id) == before + 1
+    [tool] = (await api.inventory(gateway_id, credential))["tools"]
+    assert tool["upstream_url"] == "http://127.0.0.1:9001"
+    await api.client.bulk(
+        tenant_id, apis=[{**bulk, "methods": ["GET"], "upstream_url": "http://127.0.0.1:9002"}]
+    )
+    assert await api.generation(gateway_id) == before + 2
+    [tool] = (await api.inventory(gateway_id, credential))["tools"]
+    assert tool["upstream_url"] == "http://127.0.0.1:9002"

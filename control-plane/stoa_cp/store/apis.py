@@ -9,6 +9,7 @@ from stoa_translate.fields import DEFAULT_KEY_HEADER
 
 from stoa_cp.problems import Problem, Taken, not_found
 from stoa_cp.schemas import ApiAuth, ApiFields, ApiIn, ApiOut
+from stoa_cp.store import tools
 from stoa_cp.store.database import Database
 from stoa_cp.store.publication import bump, bury, lock_tenant, tenant_gateways
 
@@ -157,12 +158,13 @@ async def update(db: Database, tenant_id: str, api_id: str, body: ApiFields) -> 
         current = await _read(conn, tenant_id, api_id, lock=True)
         if all(same(current[c], values[c]) for c in COLUMNS):
             return _out(current)
+        backs_tools = await tools.check_api_change(conn, api_id, values["kind"], values["methods"])
         try:
             await conn.execute(UPDATE, api_id, *(values[c] for c in COLUMNS))
         except asyncpg.UniqueViolationError as exc:
             raise await _taken(db, exc, api_id, values["path_prefix"]) from None
         reach = set(current["deployed_on"])
-        if await conn.fetchval("SELECT 1 FROM tools WHERE api_id = $1 LIMIT 1", api_id):
+        if backs_tools:
             # Its tools carry its upstream to every gateway where the tenant's MCP routes are.
             reach.update(await tenant_gateways(conn, tenant_id))
         await bump(conn, reach)

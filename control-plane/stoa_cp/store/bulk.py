@@ -8,9 +8,9 @@ import asyncpg
 
 from stoa_cp.problems import Problem, Taken
 from stoa_cp.schemas import BulkIn, BulkOut
-from stoa_cp.store import apis
+from stoa_cp.store import apis, tools
 from stoa_cp.store.database import Database
-from stoa_cp.store.publication import bump, bury, lock_tenant, unbury
+from stoa_cp.store.publication import bump, bury, lock_tenant, tenant_gateways, unbury
 
 
 async def publish(db: Database, tenant_id: str, body: BulkIn, max_routes: int) -> BulkOut:
@@ -50,6 +50,13 @@ async def publish(db: Database, tenant_id: str, body: BulkIn, max_routes: int) -
         await conn.executemany(
             apis.INSERT, [(a, tenant_id, *(wanted[a][1][c] for c in apis.COLUMNS)) for a in created]
         )
+        backing_tools = [
+            a
+            for a in updated
+            if await tools.check_api_change(
+                conn, a, wanted[a][1]["kind"], wanted[a][1]["methods"], f"apis[{wanted[a][0]}]."
+            )
+        ]
         await conn.executemany(apis.UPDATE, [(a, *(wanted[a][1][c] for c in apis.COLUMNS)) for a in updated])
         changed = set(
             await conn.fetchval(
@@ -58,6 +65,9 @@ async def publish(db: Database, tenant_id: str, body: BulkIn, max_routes: int) -
                 updated,
             )
         )
+        if backing_tools:
+            # Their tools carry their upstream to every gateway where the tenant's MCP routes are.
+            changed.update(await tenant_gateways(conn, tenant_id))
         await _check_deployments(conn, tenant_id, body)
         deployed: dict[str, list[str]] = {}
         for group in body.deploy:

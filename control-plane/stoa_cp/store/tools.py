@@ -153,6 +153,32 @@ async def delete(db: Database, tenant_id: str, name: str, signer: tool_permissio
         await tool_permissions.resign(conn, reach, signer)
 
 
+async def check_api_change(
+    conn: asyncpg.Connection, api_id: str, kind: str, methods: list[str], field_prefix: str = ""
+) -> bool:
+    """Whether tools use the API, after refusing a change that would leave one of them unfit (409
+    naming the tools): the API no longer an HTTP API, or a tool's method no longer one it allows. As
+    for deleting the API, nothing is dropped or broken silently; change or delete the tools first.
+    (The path template is below the API's upstream URL: a new URL or path prefix keeps every tool.)"""
+    rows = await conn.fetch("SELECT name, method FROM tools WHERE api_id = $1 ORDER BY name", api_id)
+    if rows and kind != "http":
+        names = ", ".join(row["name"] for row in rows)
+        raise Problem(409, "Conflict", [(f"{field_prefix}kind", f"API {api_id!r} backs the tools {names}")])
+    unfit = []
+    for row in rows:
+        try:
+            tool_rules.method(row["method"], methods)
+        except tool_rules.ToolError:
+            unfit.append(f"{row['name']} ({row['method']})")
+    if unfit:
+        raise Problem(
+            409,
+            "Conflict",
+            [(f"{field_prefix}methods", f"the tools {', '.join(unfit)} call a method left out")],
+        )
+    return bool(rows)
+
+
 # -- grants ----------------------------------------------------------------------------------------
 
 
