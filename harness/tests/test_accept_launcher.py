@@ -162,6 +162,13 @@ def test_the_first_screen_shows_the_demo_api_decided_by_envoy(launcher: Launcher
     assert "with the demo token  -> 200" in output
     assert "without a token      -> 401" in output
     assert "both decided by Envoy itself" in output
+    # An agent's view through the gateway, with the real mcp client: the demo tenant's tools as the
+    # demo token may call them (one of two granted), and the granted one called.
+    state = launcher.state()
+    assert state["mcp_url"] == f"{state['gateway_url']}/mcp/demo"
+    assert f"tools/list with the demo token  -> {state['granted_tools']} (of {state['demo_tools']})" in output
+    assert len(state["demo_tools"]) == 2
+    assert "tools/call echo_read {text: hello}      -> the echo API saw GET /" in output
 
 
 def decided_by_the_service(launcher: Launcher) -> tuple[str, dict[str, str]]:

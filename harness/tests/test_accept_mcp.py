@@ -204,6 +204,33 @@ def test_a_granted_tool_is_listed_and_called_through_envoy(estate: Estate, idp: 
     assert [t.name for t in legacy.tools] == ["get_order"]
 
 
+def test_a_tools_call_reaches_its_api_once(estate: Estate, idp: DevIdentityProvider) -> None:
+    """Neither the module nor Envoy sends a tools/call again: an API answering 503 is reached once and
+    the agent gets an error result; Envoy's MCP routes carry no retry policy."""
+    token = reader(idp)
+    estate.upstream.clear()
+    estate.upstream.reply_with(status=503)
+    try:
+        result = call(estate, token, "get_order", {"id": "503"})
+        arrivals = [a.path for a in estate.upstream.arrivals()]
+    finally:
+        estate.upstream.clear()
+    assert result.is_error
+    assert result.content[0].text.startswith("the API answered 503")
+    assert arrivals == ["/orders/503"]
+    dump = estate.envoy.config_dump("dynamic_route_configs")
+    hosts = [host for cfg in dump["configs"] for host in cfg["route_config"]["virtual_hosts"]]
+    mcp_routes = [
+        route
+        for host in hosts
+        for route in host["routes"]
+        if route["match"].get("path_separated_prefix") == ACME_MCP
+    ]
+    assert mcp_routes
+    assert all("retry_policy" not in route["route"] for route in mcp_routes)
+    assert all("retry_policy" not in host for host in hosts)
+
+
 def test_hidden_unknown_and_other_tenant_tools_give_one_error(
     estate: Estate, idp: DevIdentityProvider
 ) -> None:
