@@ -286,7 +286,7 @@ class SyncReport(_message.Message):
     def __init__(self, gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., status: _Optional[_Union[SyncStatus, str]] = ..., snapshot_version: _Optional[str] = ..., reason: _Optional[_Union[FailureReason, str]] = ..., detail: _Optional[str] = ..., settings: _Optional[_Union[TranslateSettings, _Mapping]] = ...) -> None: ...
 
 class TranslateSettings(_message.Message):
-    __slots__ = ("listener_address", "listener_port", "ext_authz_address", "ext_authz_timeout_ms", "ext_proc_address", "decision_placement", "audience", "required_scopes", "tenant_claim", "max_token_lifetime_s", "decision_log_cluster", "mcp_address", "default_route_timeout_ms", "xff_num_trusted_hops", "extra_identity_headers")
+    __slots__ = ("listener_address", "listener_port", "ext_authz_address", "ext_authz_timeout_ms", "ext_proc_address", "decision_placement", "audience", "required_scopes", "tenant_claim", "max_token_lifetime_s", "decision_log_cluster", "mcp_address", "default_route_timeout_ms", "xff_num_trusted_hops", "extra_identity_headers", "route_scopes")
     LISTENER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LISTENER_PORT_FIELD_NUMBER: _ClassVar[int]
     EXT_AUTHZ_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -302,6 +302,7 @@ class TranslateSettings(_message.Message):
     DEFAULT_ROUTE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     XFF_NUM_TRUSTED_HOPS_FIELD_NUMBER: _ClassVar[int]
     EXTRA_IDENTITY_HEADERS_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_SCOPES_FIELD_NUMBER: _ClassVar[int]
     listener_address: str
     listener_port: int
     ext_authz_address: str
@@ -317,4 +318,5 @@ class TranslateSettings(_message.Message):
     default_route_timeout_ms: int
     xff_num_trusted_hops: int
     extra_identity_headers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, listener_address: _Optional[str] = ..., listener_port: _Optional[int] = ..., ext_authz_address: _Optional[str] = ..., ext_authz_timeout_ms: _Optional[int] = ..., ext_proc_address: _Optional[str] = ..., decision_placement: _Optional[str] = ..., audience: _Optional[str] = ..., required_scopes: _Optional[_Iterable[str]] = ..., tenant_claim: _Optional[str] = ..., max_token_lifetime_s: _Optional[int] = ..., decision_log_cluster: _Optional[str] = ..., mcp_address: _Optional[str] = ..., default_route_timeout_ms: _Optional[int] = ..., xff_num_trusted_hops: _Optional[int] = ..., extra_identity_headers: _Optional[_Iterable[str]] = ...) -> None: ...
+    route_scopes: bool
+    def __init__(self, listener_address: _Optional[str] = ..., listener_port: _Optional[int] = ..., ext_authz_address: _Optional[str] = ..., ext_authz_timeout_ms: _Optional[int] = ..., ext_proc_address: _Optional[str] = ..., decision_placement: _Optional[str] = ..., audience: _Optional[str] = ..., required_scopes: _Optional[_Iterable[str]] = ..., tenant_claim: _Optional[str] = ..., max_token_lifetime_s: _Optional[int] = ..., decision_log_cluster: _Optional[str] = ..., mcp_address: _Optional[str] = ..., default_route_timeout_ms: _Optional[int] = ..., xff_num_trusted_hops: _Optional[int] = ..., extra_identity_headers: _Optional[_Iterable[str]] = ..., route_scopes: _Optional[bool] = ...) -> None: ...

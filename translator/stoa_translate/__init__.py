@@ -9,6 +9,7 @@ against), so both give the same answer for the same inventory and options. Stage
 from __future__ import annotations
 
 from envoy.config.route.v3 import route_components_pb2
+from google.protobuf.message import Message
 from stoa_proto import inventory_pb2
 
 from stoa_translate import ir
@@ -18,7 +19,7 @@ from stoa_translate.listener import render_listener
 from stoa_translate.options import TranslateOptions
 from stoa_translate.policy_set import render_mcp_policy_set, render_policy_set, render_proc_policy_set
 from stoa_translate.refusal import FailureReason, Refusal
-from stoa_translate.routes import render_routes
+from stoa_translate.routes import KeptTables, render_routes
 from stoa_translate.snapshot import (
     AUTHZ_POLICY_SET,
     CLUSTER,
@@ -26,6 +27,7 @@ from stoa_translate.snapshot import (
     MCP_POLICY_SET,
     PROC_POLICY_SET,
     ROUTE,
+    SCOPED_ROUTE,
     Snapshot,
     clusters_named,
     dangling_references,
@@ -49,12 +51,16 @@ class Translator:
         self._rendered: dict[ir.RouteIR, bytes] = {}
         # A route's rendered entries → the clusters they name (for the consistency check).
         self._clusters_named: dict[bytes, frozenset[str]] = {}
+        self._tables: KeptTables = {}
+        # The routes whose prefix kept the last translation on one route table though scopes were
+        # asked for (reported by the Link).
+        self.unkeyed: tuple[str, ...] = ()
 
     def translate(self, inventory: inventory_pb2.Inventory) -> Snapshot:
         """Render `inventory`; raises `stoa_translate.refusal.Refusal` when it cannot be expressed safely."""
         site, resolved = ir.build(inventory, self._resolved)
-        snapshot, rendered, named = self._render(placed(site, self.options))
-        self._resolved, self._rendered, self._clusters_named = resolved, rendered, named
+        snapshot, rendered, named, tables = self._render(placed(site, self.options))
+        self._resolved, self._rendered, self._clusters_named, self._tables = resolved, rendered, named, tables
         return snapshot
 
     def resolve(self, inventory: inventory_pb2.Inventory) -> ir.SiteIR:
@@ -67,19 +73,27 @@ class Translator:
 
     def _render(
         self, site: ir.SiteIR
-    ) -> tuple[Snapshot, dict[ir.RouteIR, bytes], dict[bytes, frozenset[str]]]:
+    ) -> tuple[Snapshot, dict[ir.RouteIR, bytes], dict[bytes, frozenset[str]], KeptTables]:
         policy_set = render_policy_set(site)
         # The virtual host names the processing set's version, so that set is rendered first.
         proc_set = render_proc_policy_set(site)
         proc_version = proc_set.version if site.needs_processing() else None
-        routes, rendered = render_routes(site, self.options, proc_version, self._rendered)
+        routes, rendered, tables = render_routes(
+            site, self.options, proc_version, self._rendered, self._tables
+        )
+        self.unkeyed = routes.unkeyed
+        envoy: dict[str, list[Message]] = {
+            CLUSTER: list(render_clusters(site, self.options)),
+            LISTENER: [render_listener(site, self.options)],
+            ROUTE: list(routes.tables),
+        }
+        if routes.scopes:
+            envoy[SCOPED_ROUTE] = list(routes.scopes)
         snapshot = Snapshot.build(
             site.gateway_id,
             site.generation,
             {
-                CLUSTER: render_clusters(site, self.options),
-                LISTENER: [render_listener(site, self.options)],
-                ROUTE: [routes],
+                **envoy,
                 AUTHZ_POLICY_SET: [policy_set],
                 PROC_POLICY_SET: [proc_set],
                 MCP_POLICY_SET: [render_mcp_policy_set(site)],
@@ -93,7 +107,7 @@ class Translator:
         dangling = dangling_references(snapshot, frozenset().union(*named.values()))
         if dangling:
             raise Refusal(FailureReason.INCONSISTENT_SNAPSHOT, "; ".join(dangling))
-        return snapshot, rendered, named
+        return snapshot, rendered, named, tables
 
 
 def translate(inventory: inventory_pb2.Inventory, options: TranslateOptions) -> Snapshot:

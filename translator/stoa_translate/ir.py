@@ -83,6 +83,10 @@ class RouteIR:
             return None
         return next((ir for name, ir in self.policies if name == kind), None)
 
+    def uses_processing(self) -> bool:
+        """Whether a policy of the route is one the processing service applies."""
+        return any(name in PROCESSING_KINDS for name, _ in self.policies)
+
     def request_buffer_bytes(self) -> int | None:
         """The request-body limit when a policy of the route inspects the whole request body (0: the
         default limit), else None; the smallest when several do."""

@@ -1,4 +1,5 @@
-"""The listener `stoa-listener`: one HTTP connection manager, hardened, routes over ADS (RDS).
+"""The listener `stoa-listener`: one HTTP connection manager, hardened, routes over ADS (RDS, or
+Scoped RDS keyed by the path's API segment: `stoa_translate.routes`).
 
 Filter chain: in the order of `stoa_translate.filters.HTTP_FILTER_ORDER` (where each position is
 explained); a policy kind's filter only when some route uses that kind.
@@ -47,7 +48,7 @@ from stoa_translate.filters import (
 from stoa_translate.ir import SiteIR
 from stoa_translate.options import TranslateOptions
 from stoa_translate.policies import KINDS
-from stoa_translate.routes import ROUTE_CONFIG_NAME
+from stoa_translate.routes import ROUTE_CONFIG_NAME, ROUTE_SCOPES_NAME, SCOPE_KEY_HEADER, scoped
 
 LISTENER_NAME = "stoa-listener"
 # RFC 5737 documentation address: the only "internal" range, so that no real peer is internal.
@@ -58,22 +59,16 @@ PROC_UNAVAILABLE_RETRY_AFTER_S = 1
 
 
 def render_listener(site: SiteIR, options: TranslateOptions) -> listener_pb2.Listener:
+    by_scope = scoped(site, options)
     manager = hcm.HttpConnectionManager(
         stat_prefix="stoa",
         codec_type=hcm.HttpConnectionManager.AUTO,
-        rds=hcm.Rds(
-            route_config_name=ROUTE_CONFIG_NAME,
-            config_source=config_source_pb2.ConfigSource(
-                ads=config_source_pb2.AggregatedConfigSource(),
-                resource_api_version=config_source_pb2.V3,
-            ),
-        ),
         http_filters=[
             hcm.HttpFilter(name=name, typed_config=packed(config), disabled=name in DISABLED_BY_DEFAULT)
             for name, config in _chain(site, options)
         ],
         # Before routing and before any filter, on every route whatever its auth mode.
-        early_header_mutation_extensions=[_strip_client_headers(options)],
+        early_header_mutation_extensions=[_strip_client_headers(options), *_scope_key(by_scope)],
         # Hardening: one canonical path for routing, authorization and the upstream.
         normalize_path=wrappers_pb2.BoolValue(value=True),
         merge_slashes=True,
@@ -100,6 +95,10 @@ def render_listener(site: SiteIR, options: TranslateOptions) -> listener_pb2.Lis
         local_reply_config=_local_replies(site),
         access_log=_decision_log(site, options),
     )
+    if by_scope:
+        manager.scoped_routes.CopyFrom(_scoped_routes())
+    else:
+        manager.rds.CopyFrom(hcm.Rds(route_config_name=ROUTE_CONFIG_NAME, config_source=_ADS))
     return listener_pb2.Listener(
         name=LISTENER_NAME,
         address=address_pb2.Address(
@@ -117,6 +116,52 @@ def render_listener(site: SiteIR, options: TranslateOptions) -> listener_pb2.Lis
             )
         ],
     )
+
+
+_ADS = config_source_pb2.ConfigSource(
+    ads=config_source_pb2.AggregatedConfigSource(), resource_api_version=config_source_pb2.V3
+)
+
+
+def _scoped_routes() -> hcm.ScopedRoutes:
+    """Scopes and their route tables over ADS, a request's scope the second segment of the header the
+    early mutation writes (`_scope_key`)."""
+    fragment = hcm.ScopedRoutes.ScopeKeyBuilder.FragmentBuilder(
+        header_value_extractor=hcm.ScopedRoutes.ScopeKeyBuilder.FragmentBuilder.HeaderValueExtractor(
+            name=SCOPE_KEY_HEADER, element_separator="/", index=2
+        )
+    )
+    return hcm.ScopedRoutes(
+        name=ROUTE_SCOPES_NAME,
+        scope_key_builder=hcm.ScopedRoutes.ScopeKeyBuilder(fragments=[fragment]),
+        rds_config_source=_ADS,
+        scoped_rds=hcm.ScopedRds(scoped_rds_config_source=_ADS),
+    )
+
+
+def _scope_key(by_scope: bool) -> list[extension_pb2.TypedExtensionConfig]:
+    """The request's normalised path without its query string, as the header the scope key is read
+    from (overwriting whatever the client sent under that name). `:PATH`: the path itself, never the
+    x-envoy-original-path a client may send (the default would read that first)."""
+    if not by_scope:
+        return []
+    return [
+        extension_pb2.TypedExtensionConfig(
+            name="stoa.route_key",
+            typed_config=packed(
+                header_mutation_pb2.HeaderMutation(
+                    mutations=[
+                        mutation_rules_pb2.HeaderMutation(
+                            append=base_pb2.HeaderValueOption(
+                                header=base_pb2.HeaderValue(key=SCOPE_KEY_HEADER, value="%PATH(NQ:PATH)%"),
+                                append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+                            )
+                        )
+                    ]
+                )
+            ),
+        )
+    ]
 
 
 def _strip_client_headers(options: TranslateOptions) -> extension_pb2.TypedExtensionConfig:

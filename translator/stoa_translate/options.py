@@ -41,6 +41,10 @@ class TranslateOptions:
     # The bootstrap cluster Envoy sends its native denials' access log on (the Link's ADS server);
     # empty: not sent.
     decision_log_cluster: str = ""
+    # Scoped RDS (`stoa_translate.routes`): a scope per API key, the route entries in bucketed route
+    # tables, so a change re-sends one small table. For an Envoy on delta xDS (the Link sets it with
+    # STOA_LINK_XDS=delta); off: the one route table `stoa-routes`.
+    route_scopes: bool = False
 
     def __post_init__(self) -> None:
         try:

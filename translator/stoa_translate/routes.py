@@ -19,11 +19,13 @@ the API forwards it.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from envoy.config.core.v3 import base_pb2
-from envoy.config.route.v3 import route_components_pb2, route_pb2
+from envoy.config.route.v3 import route_components_pb2, route_pb2, scoped_route_pb2
 from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
 from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from google.protobuf import any_pb2, duration_pb2, message
@@ -51,6 +53,16 @@ from stoa_translate.policies import KINDS
 from stoa_translate.policy_set import route_version_of
 
 ROUTE_CONFIG_NAME = "stoa-routes"
+# Scoped RDS: Envoy keys a request by the second segment of its normalised path without the query
+# string (a `:path` key would take `orders?x=1` from `/apis/orders?x=1`), which the listener's early
+# header mutation writes into this header (over any value the client sent); the tables remove it
+# before the upstream.
+SCOPE_KEY_HEADER = "x-stoa-route-key"
+ROUTE_SCOPES_NAME = "stoa-scopes"
+SCOPE_NAME_PREFIX = "stoa-scope:"
+# Route tables per gateway under Scoped RDS: a change re-sends the one table of its key's bucket (about
+# routes ÷ this many routes), and a cold load builds this many tables, not one per API.
+ROUTE_TABLE_BUCKETS = 128
 VIRTUAL_HOST_NAME = "stoa"
 # Clients must not be able to pass an "original path" of their choosing to an upstream.
 CLIENT_HEADERS_REMOVED = ("x-envoy-original-path",)
@@ -73,34 +85,130 @@ CREDENTIAL_HEADER = "authorization"
 RenderedRoutes = Mapping[RouteIR, bytes]
 
 
+@dataclass(frozen=True)
+class RouteTables:
+    """The route configurations of a translation, and the scopes that select them (Scoped RDS)."""
+
+    tables: list[route_pb2.RouteConfiguration]
+    # Empty: one route table, named by the listener (`stoa-routes`).
+    scopes: list[scoped_route_pb2.ScopedRouteConfiguration] = field(default_factory=list)
+    # Scoped RDS was asked for, but these routes' prefixes cannot be keyed: one table instead.
+    unkeyed: tuple[str, ...] = ()
+
+
+# A table's name → (the rendered bodies it was assembled from, the processing set's version it names,
+# the table), so an unchanged table is the same object in the next translation.
+KeptTable = tuple[tuple[bytes, ...], str | None, route_pb2.RouteConfiguration]
+KeptTables = Mapping[str, KeptTable]
+
+
+def scope_key(path: str) -> str | None:
+    """The scope key of a path prefix: its second segment (`orders` of `/apis/orders` and of
+    `/apis/orders/v2`), what Envoy extracts from a request's normalised path. None when the prefix
+    has fewer than two segments: the requests it matches have no one key."""
+    parts = path.split("/", 3)
+    return parts[2] if len(parts) > 2 and parts[2] else None
+
+
+def table_name(key: str) -> str:
+    """The bucketed route table holding the routes of scope `key` (a stable hash: every process, every
+    translation puts a key in the same table)."""
+    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % ROUTE_TABLE_BUCKETS
+    return f"{ROUTE_CONFIG_NAME}-{bucket:03d}"
+
+
+def unkeyed_routes(site: SiteIR) -> tuple[str, ...]:
+    """The routes whose prefix gives no scope key (they keep the gateway on one route table)."""
+    return tuple(sorted(r.route_id for r in site.routes if scope_key(r.path_prefix) is None))
+
+
+def scoped(site: SiteIR, options: TranslateOptions) -> bool:
+    """Whether this translation routes through scopes (the listener's choice and the tables')."""
+    return options.route_scopes and not unkeyed_routes(site)
+
+
 def render_routes(
     site: SiteIR,
     options: TranslateOptions,
     proc_version: str | None,
     previous: RenderedRoutes,
-) -> tuple[route_pb2.RouteConfiguration, dict[RouteIR, bytes]]:
-    """The route configuration, and each route's rendered entries for the next call's `previous`
-    (which must have been rendered with the same options)."""
-    parts: list[bytes] = []
+    kept: KeptTables | None = None,
+) -> tuple[RouteTables, dict[RouteIR, bytes], dict[str, KeptTable]]:
+    """The route tables (and scopes), each route's rendered entries for the next call's `previous`
+    (which must have been rendered with the same options), and the tables for the next call's `kept`."""
+    by_scope = scoped(site, options)
     rendered: dict[RouteIR, bytes] = {}
+    bodies: dict[str, list[bytes]] = {}
+    processing: set[str] = set()
     for route in sorted(site.routes, key=lambda r: (-len(r.path_prefix), r.route_id)):
         body = previous.get(route)
         if body is None:
             body = route_components_pb2.VirtualHost(routes=_entries(route, options)).SerializeToString()
         rendered[route] = body
-        parts.append(body)
-    config = route_pb2.RouteConfiguration(
-        name=ROUTE_CONFIG_NAME, request_headers_to_remove=list(CLIENT_HEADERS_REMOVED)
+        name = table_name(scope_key(route.path_prefix) or "") if by_scope else ROUTE_CONFIG_NAME
+        bodies.setdefault(name, []).append(body)
+        if route.uses_processing():
+            processing.add(name)
+    well_known: dict[str, list[route_components_pb2.Route]] = {}
+    keys = {scope_key(r.path_prefix) or "" for r in site.routes}
+    for entry in mcp.well_known_entries(site):
+        key = scope_key(entry.match.path) or ""
+        keys.add(key)
+        name = table_name(key) if by_scope else ROUTE_CONFIG_NAME
+        well_known.setdefault(name, []).append(entry)
+        bodies.setdefault(name, [])
+    if not by_scope:
+        bodies.setdefault(ROUTE_CONFIG_NAME, [])
+    tables = []
+    now: dict[str, KeptTable] = {}
+    for name in sorted(bodies):
+        parts = tuple(bodies[name])
+        # One table: the processing set's version whenever the site uses it (as before scopes); per
+        # scope table, only where one of its routes does, so a processing change touches those only.
+        version = proc_version if (not by_scope or name in processing) else None
+        before = (kept or {}).get(name)
+        if before is not None and before[0] == parts and before[1] == version and name not in well_known:
+            table = before[2]
+        else:
+            table = _table(name, parts, version, well_known.get(name, []), by_scope)
+        now[name] = (parts, version, table)
+        tables.append(table)
+    scopes = (
+        [
+            scoped_route_pb2.ScopedRouteConfiguration(
+                name=f"{SCOPE_NAME_PREFIX}{key}",
+                route_configuration_name=table_name(key),
+                key=scoped_route_pb2.ScopedRouteConfiguration.Key(
+                    fragments=[scoped_route_pb2.ScopedRouteConfiguration.Key.Fragment(string_key=key)]
+                ),
+            )
+            for key in sorted(keys)
+        ]
+        if by_scope
+        else []
     )
+    unkeyed = unkeyed_routes(site) if options.route_scopes else ()
+    return RouteTables(tables, scopes, unkeyed), rendered, now
+
+
+def _table(
+    name: str,
+    parts: tuple[bytes, ...],
+    proc_version: str | None,
+    well_known: list[route_components_pb2.Route],
+    by_scope: bool,
+) -> route_pb2.RouteConfiguration:
+    removed = [*CLIENT_HEADERS_REMOVED, SCOPE_KEY_HEADER] if by_scope else list(CLIENT_HEADERS_REMOVED)
+    config = route_pb2.RouteConfiguration(name=name, request_headers_to_remove=removed)
     host = config.virtual_hosts.add(name=VIRTUAL_HOST_NAME, domains=["*"])
-    for name, per_filter in virtual_host_configs(proc_version).items():
-        host.typed_per_filter_config[name].CopyFrom(per_filter)
-    host.routes.extend(_refuse_path(name, pattern) for name, pattern in REFUSAL_ROUTES)
+    for filter_name, per_filter in virtual_host_configs(proc_version).items():
+        host.typed_per_filter_config[filter_name].CopyFrom(per_filter)
+    host.routes.extend(_refuse_path(n, pattern) for n, pattern in REFUSAL_ROUTES)
     # Exact paths, before every prefix entry (a route with prefix "/" would take them otherwise).
-    host.routes.extend(mcp.well_known_entries(site))
+    host.routes.extend(well_known)
     # Parsed in place: appending a built virtual host would copy all of its entries once more.
     host.MergeFromString(b"".join(parts))
-    return config, rendered
+    return config
 
 
 def _refuse_path(name: str, pattern: str) -> route_components_pb2.Route:

@@ -17,14 +17,16 @@ from google.protobuf.message import Message
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
 ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+SCOPED_ROUTE = "type.googleapis.com/envoy.config.route.v3.ScopedRouteConfiguration"
 AUTHZ_POLICY_SET = "type.googleapis.com/stoa.authz.v1.AuthzPolicySet"
 PROC_POLICY_SET = "type.googleapis.com/stoa.proc.v1.ProcPolicySet"
 MCP_POLICY_SET = "type.googleapis.com/stoa.mcp.v1.McpPolicySet"
 # Relayed by the Link as the CP signed it, outside every snapshot (never rolled back with Envoy's).
 TOOL_PERMISSIONS = "type.googleapis.com/stoa.mcp.v1.ToolPermissions"
 
-# Envoy's own types, in the order a state-of-the-world publication must follow.
-ENVOY_TYPES: tuple[str, ...] = (CLUSTER, LISTENER, ROUTE)
+# Envoy's own types, in the order a state-of-the-world publication must follow (scoped routes only
+# where the listener asks for them, over delta xDS).
+ENVOY_TYPES: tuple[str, ...] = (CLUSTER, LISTENER, SCOPED_ROUTE, ROUTE)
 # Types served to the site services; published (and acknowledged) before Envoy's.
 SITE_SERVICE_TYPES: tuple[str, ...] = (AUTHZ_POLICY_SET, PROC_POLICY_SET, MCP_POLICY_SET)
 
@@ -70,7 +72,8 @@ def dangling_references(snapshot: Snapshot, route_clusters: Iterable[str] | None
     """What a resource of `snapshot` names that the snapshot does not hold, one line each; [] when
     consistent. Checked before anything is served, because Envoy accepts a route to a missing cluster
     and answers 503: every route configuration a listener names over RDS, every cluster a route entry
-    or an HTTP filter names. Extra clusters are fine (make-before-break serves old and new ones).
+    or an HTTP filter names, every route configuration a scope names. Extra clusters are fine
+    (make-before-break serves old and new ones).
 
     `route_clusters`, when given, are the clusters the route configurations name, already collected
     (the translator keeps them per rendered route, so a large table is not walked again)."""
@@ -82,6 +85,8 @@ def dangling_references(snapshot: Snapshot, route_clusters: Iterable[str] | None
             rds = manager.rds.route_config_name if manager.HasField("rds") else None
             if rds is not None and rds not in routes:
                 missing.append(f"listener {resource_name(listener)}: route configuration {rds} is missing")
+            if manager.HasField("scoped_routes") and not snapshot.of(SCOPED_ROUTE) and routes:
+                missing.append(f"listener {resource_name(listener)}: routes by scope, but no scope")
             for http_filter in manager.http_filters:
                 name = _grpc_cluster(http_filter)
                 if name and name not in clusters:
@@ -96,6 +101,10 @@ def dangling_references(snapshot: Snapshot, route_clusters: Iterable[str] | None
                 named.update(clusters_named(host.routes))
     else:
         named = set(route_clusters)
+    for scope in snapshot.of(SCOPED_ROUTE):
+        table = scope.route_configuration_name  # type: ignore[attr-defined]
+        if table not in routes:
+            missing.append(f"scope {resource_name(scope)}: route configuration {table} is missing")
     missing.extend(f"a route names missing cluster {name}" for name in sorted(named - clusters))
     return missing
 

@@ -1,4 +1,5 @@
-"""A snapshot's Envoy resources as one static bootstrap (routes inlined instead of RDS over ADS).
+"""A snapshot's Envoy resources as one static bootstrap (routes inlined instead of RDS over ADS, and
+scopes with their tables inlined instead of Scoped RDS).
 
 For `envoy --mode validate` (which cannot follow `ads {}` references) and for running a rendered
 configuration without an ADS server. Several snapshots can share one bootstrap: each gets its own
@@ -13,7 +14,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from stoa_translate.snapshot import CLUSTER, LISTENER, ROUTE, Snapshot
+from stoa_translate.snapshot import CLUSTER, LISTENER, ROUTE, SCOPED_ROUTE, Snapshot
 
 
 def _doc(resource: Any) -> dict[str, Any]:
@@ -31,7 +32,7 @@ def static_bootstrap(
             doc = _doc(cluster)
             if clusters.setdefault(cluster.name, doc) != doc:
                 raise ValueError(f"{label}: cluster {cluster.name} differs from another snapshot's")
-        (routes,) = snapshot.of(ROUTE)
+        tables = {table.name: _doc(table) for table in snapshot.of(ROUTE)}  # type: ignore[attr-defined]
         (listener,) = snapshot.of(LISTENER)
         doc = _doc(listener)
         doc["name"] = f"{listener.name}-{label}"
@@ -39,8 +40,19 @@ def static_bootstrap(
         for chain in doc["filter_chains"]:
             for network_filter in chain["filters"]:
                 manager = network_filter["typed_config"]
-                if manager.pop("rds", None) is not None:
-                    manager["route_config"] = _doc(routes)
+                rds = manager.pop("rds", None)
+                if rds is not None:
+                    manager["route_config"] = tables[rds["route_config_name"]]
+                scoped = manager.get("scoped_routes")
+                if scoped is not None:
+                    # Each scope with its table inline, instead of scopes and tables over ADS.
+                    del scoped["scoped_rds"]
+                    scopes = []
+                    for scope in snapshot.of(SCOPED_ROUTE):
+                        scope_doc = _doc(scope)
+                        scope_doc["route_configuration"] = tables[scope_doc.pop("route_configuration_name")]
+                        scopes.append(scope_doc)
+                    scoped["scoped_route_configurations_list"] = {"scoped_route_configurations": scopes}
         listeners.append(doc)
     bootstrap: dict[str, Any] = {
         "node": {"id": "stoa-static", "cluster": "stoa-static"},

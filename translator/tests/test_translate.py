@@ -12,12 +12,21 @@ from google.protobuf import json_format
 from stoa_proto import inventory_pb2
 from stoa_proto.bodies import DENY_BODIES
 from stoa_proto.paths import REFUSED_PATHS
-from stoa_translate import TranslateOptions, translate
+from stoa_translate import TranslateOptions, Translator, translate
 from stoa_translate.policies.cors import origin_matcher
 from stoa_translate.policy_set import route_version
 from stoa_translate.refusal import FailureReason, Refusal
-from stoa_translate.routes import REFUSAL_ROUTES
-from stoa_translate.snapshot import AUTHZ_POLICY_SET, CLUSTER, ENVOY_TYPES, LISTENER, ROUTE, Snapshot
+from stoa_translate.routes import REFUSAL_ROUTES, ROUTE_TABLE_BUCKETS, SCOPE_KEY_HEADER, scope_key, table_name
+from stoa_translate.snapshot import (
+    AUTHZ_POLICY_SET,
+    CLUSTER,
+    ENVOY_TYPES,
+    LISTENER,
+    ROUTE,
+    SCOPED_ROUTE,
+    Snapshot,
+    dangling_references,
+)
 
 OPTIONS = TranslateOptions()
 
@@ -495,3 +504,69 @@ def test_opa_module_compiles_or_is_refused_naming_the_module() -> None:
     with pytest.raises(ConfigError) as entry:
         accept_json("opa", "p1", {"module": module, "entrypoint": "stoa.allow"})
     assert entry.value.field == "entrypoint"
+
+
+SCOPED = TranslateOptions(route_scopes=True)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "key"),
+    [
+        ("/apis/orders", "orders"),
+        ("/apis/orders/v2", "orders"),
+        ("/p/orders", "orders"),
+        ("/p", None),
+        ("/", None),
+    ],
+)
+def test_a_prefix_is_keyed_by_its_second_segment(prefix: str, key: str | None) -> None:
+    assert scope_key(prefix) == key
+
+
+def test_route_scopes_give_each_api_key_a_scope_and_its_routes_their_keys_table() -> None:
+    routes = [route(f"r{i}") for i in range(40)] + [route("v2", path_prefix="/apis/r1/v2")]
+    snapshot = translate(inventory(routes), SCOPED)
+    scopes = {s.key.fragments[0].string_key: s.route_configuration_name for s in snapshot.of(SCOPED_ROUTE)}
+    assert set(scopes) == {f"r{i}" for i in range(40)}  # /apis/r1/v2 shares its key with /apis/r1
+    tables = {t.name: t for t in snapshot.of(ROUTE)}
+    assert set(scopes.values()) == set(tables)
+    assert 1 < len(tables) <= ROUTE_TABLE_BUCKETS
+    assert all(name == table_name(key) for key, name in scopes.items())
+    for name, table in tables.items():
+        (host,) = table.virtual_hosts
+        # Every table refuses the same paths first, and never lets the key header reach an upstream.
+        assert [r.name for r in host.routes[: len(REFUSAL_ROUTES)]] == [n for n, _ in REFUSAL_ROUTES]
+        assert SCOPE_KEY_HEADER in table.request_headers_to_remove
+        for entry in host.routes[len(REFUSAL_ROUTES) :]:
+            assert table_name(scope_key(entry.match.path_separated_prefix) or "") == name
+    (v2_table,) = [t for t in tables.values() if any(r.name == "v2:GET" for r in t.virtual_hosts[0].routes)]
+    names = [r.name for r in v2_table.virtual_hosts[0].routes]
+    assert names.index("v2:GET") < names.index("r1:GET")  # the longer prefix first, as in one table
+    assert http_manager(snapshot).HasField("scoped_routes")
+    assert not dangling_references(snapshot)
+
+
+def test_a_prefix_without_a_key_keeps_the_gateway_on_one_table() -> None:
+    translator = Translator(SCOPED)
+    snapshot = translator.translate(inventory([route("a"), route("root", path_prefix="/root")]))
+    assert snapshot.names(ROUTE) == ["stoa-routes"]
+    assert not snapshot.of(SCOPED_ROUTE)
+    assert http_manager(snapshot).rds.route_config_name == "stoa-routes"
+    assert translator.unkeyed == ("root",)
+    translator.translate(inventory([route("a")], 2))
+    assert translator.unkeyed == ()
+
+
+def test_a_one_route_change_under_scopes_renders_one_table_again() -> None:
+    translator = Translator(SCOPED)
+    routes = [route(f"r{i}") for i in range(60)]
+    before = {t.name: t for t in translator.translate(inventory(routes)).of(ROUTE)}
+    edited = [dict(routes[0], methods=["GET", "POST"]), *routes[1:]]
+    after = {t.name: t for t in translator.translate(inventory(edited, 2)).of(ROUTE)}
+    assert before.keys() == after.keys()
+    changed = [name for name in before if after[name] is not before[name]]
+    assert changed == [table_name("r0")]
+    # A change of the policy set alone (an issuer) leaves every table as it was.
+    issuers = [{"tenant_id": "acme", "issuer": "https://idp.acme", "jwks_json": "{}"}]
+    again = {t.name: t for t in translator.translate(inventory(edited, 3, issuers=issuers)).of(ROUTE)}
+    assert all(again[name] is after[name] for name in after)

@@ -39,8 +39,9 @@ class Site:
         return httpx.get(self.url + path, timeout=5.0, **kwargs)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+@pytest.fixture(scope="module", params=[False, True], ids=["one-table", "scoped"])
+def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    """Every test runs on one route table and on route scopes (the Envoy on delta xDS), inlined."""
     tmp: Path = tmp_path_factory.mktemp("translate-envoy")
     with EchoUpstream() as upstream, CheckWitness() as witness:
         base = f"http://127.0.0.1:{upstream.port}"
@@ -68,7 +69,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         }
         inventory = json_format.ParseDict(doc, inventory_pb2.Inventory())
         port, admin_port = free_port(), free_port()
-        options = TranslateOptions(listener_port=port, ext_authz_address=witness.address)
+        options = TranslateOptions(
+            listener_port=port, ext_authz_address=witness.address, route_scopes=request.param
+        )
         snapshot = translate(inventory, options)
         bootstrap = tmp / "bootstrap.json"
         bootstrap.write_text(json.dumps(static_bootstrap({"t": (snapshot, port)}, admin_port)))
@@ -117,6 +120,22 @@ def test_check_carries_the_routes_keys_and_its_entrys_version(site: Site, path: 
         "route_id": route_id,
         "route_version": site.route_versions[route_id],
     }
+
+
+@pytest.mark.parametrize(
+    ("path", "route_id"), [("/apis/a?q=1", "a"), ("/apis/ab?x=/a", "ab"), ("/apis/a/x?y=1", "a")]
+)
+def test_the_query_string_never_changes_the_route_and_a_client_key_header_is_ignored(
+    site: Site, path: str, route_id: str
+) -> None:
+    # Under scopes the key is the path's API segment without the query (a `:path` key would read
+    # `a?q=1`); a client's own x-stoa-route-key is replaced before routing and never reaches upstream.
+    response = site.get(path, headers={"x-stoa-route-key": "/apis/ab/x"})
+    assert response.status_code == 200, response.text
+    (check,) = site.witness.checks()
+    assert check.context_extensions["route_id"] == route_id
+    (arrival,) = site.upstream.arrivals()
+    assert "x-stoa-route-key" not in arrival.headers
 
 
 @pytest.mark.parametrize("path", ["/apis/abc", "/apis", "/apis/a-b", "/other"])

@@ -1,13 +1,16 @@
 """Golden files per stage: each `golden/<case>/inventory.json` resolves to exactly `golden/<case>/ir/`
 (the IR as JSON, `ir.json`) and that IR renders to exactly `golden/<case>/expected/` (one file per
-resource, `<kind>.<name>.json`, proto3 JSON, sorted keys). A refusal is `refusal.json` (reason and
-detail) at the stage that refuses, and after it. `STOA_UPDATE_GOLDEN=1 uv run pytest translator/tests/
-test_translate_golden.py` rewrites the files; review the diff before committing it. Every rendered case
-also passes `envoy --mode validate` (one Envoy run for all cases).
+resource, `<kind>.<name>.json`, proto3 JSON, sorted keys); with route scopes (an Envoy on delta xDS)
+its listener, scopes and route tables are `golden/<case>/expected_scoped/` (the rest is the same). A
+refusal is `refusal.json` (reason and detail) at the stage that refuses, and after it.
+`STOA_UPDATE_GOLDEN=1 uv run pytest translator/tests/test_translate_golden.py` rewrites the files;
+review the diff before committing it. Every rendered case, with and without scopes, also passes
+`envoy --mode validate` (one Envoy run for all cases).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -20,7 +23,15 @@ from stoa_proto import inventory_pb2
 from stoa_translate import TranslateOptions, Translator, ir, translate
 from stoa_translate.policies import SUPPORTED_KINDS
 from stoa_translate.refusal import FailureReason, Refusal
-from stoa_translate.snapshot import AUTHZ_POLICY_SET, CLUSTER, LISTENER, PROC_POLICY_SET, ROUTE, Snapshot
+from stoa_translate.snapshot import (
+    AUTHZ_POLICY_SET,
+    CLUSTER,
+    LISTENER,
+    PROC_POLICY_SET,
+    ROUTE,
+    SCOPED_ROUTE,
+    Snapshot,
+)
 from stoa_translate.static import static_bootstrap
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -34,6 +45,7 @@ OPTIONS = TranslateOptions(
     default_route_timeout_ms=15000,
     xff_num_trusted_hops=0,
 )
+SCOPED = dataclasses.replace(OPTIONS, route_scopes=True)
 KINDS = {
     CLUSTER: "cluster",
     LISTENER: "listener",
@@ -41,6 +53,8 @@ KINDS = {
     AUTHZ_POLICY_SET: "authz_policy_set",
     PROC_POLICY_SET: "proc_policy_set",
 }
+# What route scopes change.
+SCOPED_KINDS = {LISTENER: "listener", SCOPED_ROUTE: "scoped_route", ROUTE: "route"}
 
 
 def dumps(document: object) -> str:
@@ -55,10 +69,12 @@ def refusal_file(refusal: Refusal) -> dict[str, str]:
     return {"refusal.json": dumps({"reason": FailureReason.Name(refusal.reason), "detail": refusal.detail})}
 
 
-def stages(case: str) -> tuple[dict[str, str], dict[str, str], Snapshot | None]:
+def stages(
+    case: str, options: TranslateOptions = OPTIONS
+) -> tuple[dict[str, str], dict[str, str], Snapshot | None]:
     """(inventory → IR files, IR → xDS files, the snapshot): each stage run on its own. A refusal is
     the last stage's file; a case refused at the IR stage has the same refusal as its xDS files."""
-    translator = Translator(OPTIONS)
+    translator = Translator(options)
     try:
         site = translator.resolve(load_inventory(case))
     except Refusal as refusal:
@@ -69,7 +85,7 @@ def stages(case: str) -> tuple[dict[str, str], dict[str, str], Snapshot | None]:
     except Refusal as refusal:
         return ir_files, refusal_file(refusal), None
     files = {}
-    for type_url, kind in KINDS.items():
+    for type_url, kind in (SCOPED_KINDS if options.route_scopes else KINDS).items():
         for resource in snapshot.of(type_url):
             doc = json_format.MessageToDict(resource, preserving_proto_field_name=True)
             files[f"{kind}.{resource.name}.json"] = dumps(doc)
@@ -97,6 +113,15 @@ def test_inventory_to_ir(case: str) -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_ir_to_xds(case: str) -> None:
     check_stage(case, "expected", stages(case)[1])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_ir_to_xds_with_route_scopes(case: str) -> None:
+    _, files, snapshot = stages(case, SCOPED)
+    if snapshot is None:  # a refusal does not depend on how routes travel
+        assert files == stages(case)[1]
+    else:
+        check_stage(case, "expected_scoped", files)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -143,10 +168,11 @@ def test_every_policy_kind_has_goldens_of_its_own(kind: str) -> None:
 def test_every_golden_case_passes_envoy_validate() -> None:
     snapshots = {}
     for case in CASES:
-        _, _, snapshot = stages(case)
-        if snapshot is not None:
-            snapshots[case] = snapshot
-    assert len(snapshots) >= 10
+        for label, options in ((case, OPTIONS), (f"{case}-scoped", SCOPED)):
+            _, _, snapshot = stages(case, options)
+            if snapshot is not None:
+                snapshots[label] = snapshot
+    assert len(snapshots) >= 20
     # One Envoy run for every case: each case's listener on its own port, clusters shared by name.
     validate_config(
         static_bootstrap({case: (snap, 20000 + i) for i, (case, snap) in enumerate(snapshots.items())})
