@@ -318,14 +318,17 @@ def run(args: argparse.Namespace) -> int:
             # The CP API trusts the dev identity provider: the console signs its dev users in there, and
             # its token endpoint mints tokens per role. The demo API trusts it only with stoa-authz.
             cp_env = {"STOA_CP_OIDC_ISSUERS": provider.issuer}
+            # The incremental chain: the CP's deltas (the Link's default), delta xDS, routes by scope.
+            link_env = {"STOA_LINK_XDS": "delta"}
             idp = None
-            options = EstateOptions(authz=args.authz, proc=True, cp_env=cp_env)
+            options = EstateOptions(authz=args.authz, proc=True, cp_env=cp_env, link_env=link_env)
             if args.authz == "service":
                 idp = provider
                 options = EstateOptions(
                     authz="service",
                     authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE},
                     cp_env=cp_env,
+                    link_env=link_env,
                     proc=True,
                     mcp=True,
                 )

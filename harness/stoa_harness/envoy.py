@@ -132,7 +132,8 @@ class EnvoyProcess(SupervisedProcess):
         return total
 
     def versions(self) -> dict[str, str]:
-        """The version_info Envoy holds for each dynamic resource type (CDS, LDS, RDS)."""
+        """The version_info Envoy holds for each dynamic resource type (CDS, LDS, RDS: the versions of its
+        route tables, comma-separated)."""
         dump = self.config_dump()
         out: dict[str, str] = {}
         for section in dump.get("configs", []):
@@ -142,6 +143,7 @@ class EnvoyProcess(SupervisedProcess):
             elif kind == "ListenersConfigDump":
                 out["lds"] = section.get("version_info", "")
             elif kind == "RoutesConfigDump":
+                # Several tables under route scopes, each with the version it was last sent under.
                 dyn = section.get("dynamic_route_configs", [])
-                out["rds"] = dyn[0].get("version_info", "") if dyn else ""
+                out["rds"] = ",".join(sorted({c.get("version_info", "") for c in dyn}))
         return out

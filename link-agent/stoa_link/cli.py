@@ -72,6 +72,8 @@ def _run(settings: LinkSettings) -> None:
             tenant_claim=settings.tenant_claim,
             max_token_lifetime_s=settings.max_token_lifetime_s,
             decision_log_cluster=bootstrap.ADS_CLUSTER,
+            # Scoped RDS needs delta xDS: over state of the world a new scope re-sends every scope.
+            route_scopes=settings.xds == "delta",
         )
     except (ValueError, FileNotFoundError) as exc:
         raise StartupError(str(exc)) from None
@@ -100,11 +102,13 @@ def _run(settings: LinkSettings) -> None:
     cp = CpClient(settings.cp_url, settings.gateway_id, credential, deltas=settings.deltas)
     try:
         store = InventoryStore(settings.state_dir)
-        agent = Agent(settings.gateway_id, ads, reporter, Translator(options).translate, store)
+        translator = Translator(options)
+        agent = Agent(settings.gateway_id, ads, reporter, translator.translate, store)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     endpoints = OperatorEndpoint(
-        lambda: readiness(ads), link_registry(agent.stats, ads, lambda: cp.stream_open, lambda: cp.refetches)
+        lambda: readiness(ads, lambda: translator.unkeyed),
+        link_registry(agent.stats, ads, lambda: cp.stream_open, lambda: cp.refetches),
     )
 
     async def main() -> None:

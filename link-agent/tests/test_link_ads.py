@@ -13,13 +13,15 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.protobuf import json_format
 from google.rpc import status_pb2
 from stoa_harness.wait import wait_until_async
 from stoa_harness.xds_client import XdsClient as Client
 from stoa_link import certs
 from stoa_link.ads import AdsServer, TlsMaterial, peer_identity
-from stoa_link.health import readiness
-from stoa_proto import authz_pb2
+from stoa_link.health import readiness, routing
+from stoa_proto import authz_pb2, inventory_pb2
+from stoa_translate import TranslateOptions, Translator
 from stoa_translate.snapshot import (
     AUTHZ_POLICY_SET,
     CLUSTER,
@@ -429,3 +431,24 @@ async def test_a_client_not_connected_fails_the_publication_at_the_deadline_nami
     assert (await asyncio.wait_for(server.publish(snapshot(2, ["a"])), 5)).acked
     await envoy.close()
     await authz.close()
+
+
+def test_readiness_says_how_the_acknowledged_snapshot_routes() -> None:
+    def translated(routes: list[dict[str, object]]) -> tuple[Snapshot, tuple[str, ...]]:
+        translator = Translator(TranslateOptions(route_scopes=True))
+        doc = {"gateway_id": "gw", "generation": "1", "routes": routes}
+        return translator.translate(json_format.ParseDict(doc, inventory_pb2.Inventory())), translator.unkeyed
+
+    def api(route_id: str, prefix: str) -> dict[str, object]:
+        return {
+            "route_id": route_id,
+            "tenant_id": "t",
+            "api_id": route_id,
+            "path_prefix": prefix,
+            "upstream_url": "http://127.0.0.1:1",
+        }
+
+    keyed, unkeyed = translated([api("a", "/apis/a"), api("b", "/apis/b")])
+    assert routing(keyed, unkeyed) == {"routing": "scoped", "scopes": 2, "route_tables": 2}
+    one, unkeyed = translated([api("a", "/apis/a"), api("root", "/root")])
+    assert routing(one, unkeyed) == {"routing": "one table", "unkeyed_routes": ["root"]}

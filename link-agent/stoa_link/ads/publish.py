@@ -3,7 +3,8 @@
 1. Each site service's policy set, and its ACK: a route must never reach Envoy before the policy
    set it was built with is in force.
 2. Envoy's types together: clusters as the union of those served so far and the new ones, the
-   listener, the route configurations; their ACKs.
+   listener, the route scopes (if any) and the route configurations; their ACKs (and, for route
+   configurations Envoy asks for by name, every one of them held at its version).
 3. The new clusters alone, once the routes that stopped using the others are acknowledged.
 
 A NACK or a missed ACK deadline fails the publication: the failure is returned at once (so it is
@@ -27,6 +28,7 @@ from stoa_translate.snapshot import (
     ENVOY_TYPES,
     LISTENER,
     ROUTE,
+    SCOPED_ROUTE,
     SITE_SERVICE_TYPES,
     Snapshot,
     resource_name,
@@ -175,6 +177,8 @@ class Publisher:
         targets = {
             CLUSTER: streams.serve(CLUSTER, cds_version, tuple(union[n] for n in sorted(union))),
             LISTENER: streams.serve(LISTENER, version, snapshot.of(LISTENER)),
+            # Scopes and the route tables they name (none when the listener names one table).
+            SCOPED_ROUTE: streams.serve(SCOPED_ROUTE, version, snapshot.of(SCOPED_ROUTE)),
             ROUTE: streams.serve(ROUTE, version, snapshot.of(ROUTE)),
         }
         timings["envoy_serve_ms"] = elapsed_ms(mark)

@@ -28,6 +28,7 @@ from stoa_translate.snapshot import (
     CLUSTER,
     LISTENER,
     ROUTE,
+    SCOPED_ROUTE,
     SITE_SERVICE_TYPES,
     TOOL_PERMISSIONS,
     resource_name,
@@ -35,7 +36,7 @@ from stoa_translate.snapshot import (
 
 log = logging.getLogger("stoa_link.ads")
 
-SHORT_NAMES = {CLUSTER: "CDS", LISTENER: "LDS", ROUTE: "RDS"}
+SHORT_NAMES = {CLUSTER: "CDS", LISTENER: "LDS", ROUTE: "RDS", SCOPED_ROUTE: "SRDS"}
 
 
 def short(type_url: str) -> str:
@@ -278,11 +279,23 @@ class Streams:
                     if type_url not in stream.allowed:
                         continue
                     state = stream.state(type_url)
+                    served = self._served[type_url]
+                    if not state.subscribed and not served.resources:
+                        continue  # nothing to hold of a type the client does not ask for (scopes)
                     if state.sent_digest == want and state.nack_detail is not None:
                         return Progress((type_url, state.nack_detail), [], [])
-                    if not (state.sent_digest == want and state.acked_nonce == state.sent_nonce):
-                        pending.append(f"{short(type_url)} {self._served[type_url].version} from {identity}")
+                    if not (state.sent_digest == want and state.acked_nonce == state.sent_nonce) or (
+                        stream.delta and not state.wildcard and not self._holds(state, served)
+                    ):
+                        pending.append(f"{short(type_url)} {served.version} from {identity}")
         return Progress(None, pending, missing)
+
+    @staticmethod
+    def _holds(state: _TypeState, served: Served) -> bool:
+        """A delta client asking by name (Envoy's route tables, named by its listener or its scopes)
+        holds every served resource at its version: it asks for a new table only once it has the scope
+        naming it, so an ACK alone does not say the table arrived."""
+        return all(state.known.get(name) == version for name, version in served.versions.items())
 
     def ack_times(self, targets: Iterable[str], readers: Iterable[str], since: float) -> dict[str, float]:
         """Per type pushed after `since` (monotonic), the slowest stream's push-to-ACK time (ms)."""
