@@ -93,7 +93,7 @@ def run(
         change = ladder.one_change(plan.changes, tag=str(LADDER[-1]))
         full = ladder.full(plan.full)
         floor = ladder.floor(plan.full)
-        out["publication"] = publication.summarise(samples, change, full, change_small, floor)
+        out["publication"] = publication.summarise(samples, change, full, change_small, floor, rig.xds)
         phases["publication_and_footprint"] = time.monotonic() - mark
     out["phase_seconds"] = phases
     out["total_seconds"] = time.monotonic() - started

@@ -193,9 +193,11 @@ def summarise(
     full: dict[str, Any],
     change_small: dict[str, Any],
     floor: dict[str, Any],
+    xds: str,
 ) -> dict[str, Any]:
     small, large = min(samples_ms), max(samples_ms)
     return {
+        "xds": xds,
         "full_10000_floor_ratio": full["synced_s"]["median"] / floor["accept_s"]["median"],
         "full_10000_floor_s": floor["accept_s"]["median"],
         "floor": floor,

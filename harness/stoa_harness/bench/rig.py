@@ -169,6 +169,7 @@ class Rig:
         self.proxy_only_port = free_port()
         self._stack = contextlib.ExitStack()
         self.idp = DevIdentityProvider(alg="RS256", audience=AUDIENCE)
+        self.xds = os.environ.get("BENCH_XDS", "delta")
         self.upstream: FastUpstream
         self.estate: Estate
 
@@ -191,6 +192,8 @@ class Rig:
         options = EstateOptions(
             authz="service",
             authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE, "STOA_AUTHZ_WORKERS": "1"},
+            # The incremental chain (delta xDS, routes by scope) unless BENCH_XDS=sotw.
+            link_env={"STOA_LINK_XDS": self.xds},
         )
         self.estate = self._stack.enter_context(Estate(options, postgres=pg, run_dir=self.run_dir / "estate"))
         self.estate.admin.create_tenant(TENANT, exist_ok=True)
