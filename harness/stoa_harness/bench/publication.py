@@ -13,21 +13,22 @@
   CDS/LDS/RDS ACK → sync report.
 - Its floor (issue 14): the time a second Envoy takes to accept the same 10,000 routes as one
   state-of-the-world RouteConfiguration pushed by a minimal ADS server (the Link's ADS server alone,
-  in process: no CP, no translation, no policy set), measured in the same run; the full publication
+  in process: no CP, no translation timed, no policy set), measured in the same run; the full publication
   is reported as a ratio to it. Envoy's resident memory at 10,000 routes, for the estate's Envoy (its
   xDS variant) and for that one-table Envoy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any
 
-from envoy.config.cluster.v3 import cluster_pb2
-from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from google.protobuf import json_format
+from stoa_proto import inventory_pb2
+from stoa_translate import TranslateOptions, translate
 from stoa_translate.snapshot import CLUSTER, LISTENER, ROUTE, Snapshot
 
 from stoa_harness.ads_site import GATEWAY, AdsSite
@@ -155,18 +156,24 @@ class Ladder:
         }
 
     def floor(self, samples: int) -> dict[str, Any]:
-        """s for a second Envoy to accept the gateway's route table (as the CP's preview renders it)
-        pushed alone, state of the world, by the Link's ADS server in process; each sample replaces an
-        empty table of the same name. Also that Envoy's resident memory with the table."""
-        resources = self.rig.estate.admin.preview()["resources"]
+        """s for a second Envoy to accept the gateway's routes as one route table (the Link's own
+        translation of its inventory, with its reported settings but no scopes) pushed alone, state of
+        the world, by the Link's ADS server in process; each sample replaces an empty table of the same
+        name. Also that Envoy's resident memory with the table."""
+        estate = self.rig.estate
+        reported = json_format.ParseDict(
+            estate.admin.preview()["settings"], inventory_pb2.TranslateSettings()
+        )
+        inventory = json_format.ParseDict(estate.inventory(), inventory_pb2.Inventory())
         site = AdsSite(self.rig.run_dir / "floor", xds="sotw")
         try:
-            clusters = [json_format.ParseDict(c, cluster_pb2.Cluster()) for c in resources[CLUSTER]]
-            listeners = [json_format.ParseDict(c, listener_pb2.Listener()) for c in resources[LISTENER]]
-            for listener in listeners:  # the estate's Envoy holds its port
-                listener.address.socket_address.port_value = site.listener_port
-            tables = [json_format.ParseDict(c, route_pb2.RouteConfiguration()) for c in resources[ROUTE]]
-            empty = [route_pb2.RouteConfiguration(name=t.name) for t in tables]
+            options = dataclasses.replace(
+                TranslateOptions.from_settings(reported), route_scopes=False, listener_port=site.listener_port
+            )
+            translated = translate(inventory, options)
+            clusters, listeners = translated.of(CLUSTER), translated.of(LISTENER)
+            tables = translated.of(ROUTE)
+            empty = [route_pb2.RouteConfiguration(name=t.name) for t in tables]  # type: ignore[attr-defined]
             accept_s = []
             for n in range(samples):
                 for generation, routes in ((2 * n + 1, empty), (2 * n + 2, tables)):
