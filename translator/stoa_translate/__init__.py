@@ -55,12 +55,15 @@ class Translator:
         # The routes whose prefix kept the last translation on one route table though scopes were
         # asked for (reported by the Link).
         self.unkeyed: tuple[str, ...] = ()
+        # The latest translation, whose serialised resources the next one reuses where unchanged.
+        self._latest: Snapshot | None = None
 
     def translate(self, inventory: inventory_pb2.Inventory) -> Snapshot:
         """Render `inventory`; raises `stoa_translate.refusal.Refusal` when it cannot be expressed safely."""
         site, resolved = ir.build(inventory, self._resolved)
-        snapshot, rendered, named, tables = self._render(placed(site, self.options))
+        snapshot, rendered, named, tables = self._render(placed(site, self.options), self._latest)
         self._resolved, self._rendered, self._clusters_named, self._tables = resolved, rendered, named, tables
+        self._latest = snapshot
         return snapshot
 
     def resolve(self, inventory: inventory_pb2.Inventory) -> ir.SiteIR:
@@ -72,7 +75,7 @@ class Translator:
         return self._render(site)[0]
 
     def _render(
-        self, site: ir.SiteIR
+        self, site: ir.SiteIR, previous: Snapshot | None = None
     ) -> tuple[Snapshot, dict[ir.RouteIR, bytes], dict[bytes, frozenset[str]], KeptTables]:
         policy_set = render_policy_set(site)
         # The virtual host names the processing set's version, so that set is rendered first.
@@ -98,6 +101,7 @@ class Translator:
                 PROC_POLICY_SET: [proc_set],
                 MCP_POLICY_SET: [render_mcp_policy_set(site)],
             },
+            previous,
         )
         named = {
             body: self._clusters_named.get(body)

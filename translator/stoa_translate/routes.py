@@ -19,6 +19,7 @@ the API forwards it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping
@@ -102,6 +103,7 @@ KeptTable = tuple[tuple[bytes, ...], str | None, route_pb2.RouteConfiguration]
 KeptTables = Mapping[str, KeptTable]
 
 
+@functools.lru_cache(maxsize=65_536)
 def scope_key(path: str) -> str | None:
     """The scope key of a path prefix: its second segment (`orders` of `/apis/orders` and of
     `/apis/orders/v2`), what Envoy extracts from a request's normalised path. None when the prefix
@@ -110,6 +112,7 @@ def scope_key(path: str) -> str | None:
     return parts[2] if len(parts) > 2 and parts[2] else None
 
 
+@functools.lru_cache(maxsize=65_536)
 def table_name(key: str) -> str:
     """The bucketed route table holding the routes of scope `key` (a stable hash: every process, every
     translation puts a key in the same table)."""
@@ -173,22 +176,22 @@ def render_routes(
             table = _table(name, parts, version, well_known.get(name, []), by_scope)
         now[name] = (parts, version, table)
         tables.append(table)
-    scopes = (
-        [
-            scoped_route_pb2.ScopedRouteConfiguration(
-                name=f"{SCOPE_NAME_PREFIX}{key}",
-                route_configuration_name=table_name(key),
-                key=scoped_route_pb2.ScopedRouteConfiguration.Key(
-                    fragments=[scoped_route_pb2.ScopedRouteConfiguration.Key.Fragment(string_key=key)]
-                ),
-            )
-            for key in sorted(keys)
-        ]
-        if by_scope
-        else []
-    )
+    scopes = [_scope(key) for key in sorted(keys)] if by_scope else []
     unkeyed = unkeyed_routes(site) if options.route_scopes else ()
     return RouteTables(tables, scopes, unkeyed), rendered, now
+
+
+@functools.lru_cache(maxsize=65_536)
+def _scope(key: str) -> scoped_route_pb2.ScopedRouteConfiguration:
+    """The scope of `key`: one object per key (never changed once built), so an unchanged scope costs
+    a publication nothing (`Snapshot.build` reuses what it serialised for the same object)."""
+    return scoped_route_pb2.ScopedRouteConfiguration(
+        name=f"{SCOPE_NAME_PREFIX}{key}",
+        route_configuration_name=table_name(key),
+        key=scoped_route_pb2.ScopedRouteConfiguration.Key(
+            fragments=[scoped_route_pb2.ScopedRouteConfiguration.Key.Fragment(string_key=key)]
+        ),
+    )
 
 
 def _table(

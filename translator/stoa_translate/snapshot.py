@@ -35,13 +35,18 @@ def resource_name(resource: Message) -> str:
     return str(resource.name)  # type: ignore[attr-defined]
 
 
-def content_version(resources: Mapping[str, Iterable[Message]]) -> str:
-    """Hash of the deterministic serialisation of every resource, by type then by name."""
+def content_version(
+    resources: Mapping[str, Iterable[Message]], bodies: Mapping[int, bytes] | None = None
+) -> str:
+    """Hash of the deterministic serialisation of every resource, by type then by name (`bodies`: the
+    serialisations already made, by object identity)."""
     digest = hashlib.sha256()
     for type_url in sorted(resources):
         digest.update(type_url.encode())
         for res in sorted(resources[type_url], key=resource_name):
-            body = res.SerializeToString(deterministic=True)
+            body = bodies.get(id(res)) if bodies else None
+            if body is None:
+                body = res.SerializeToString(deterministic=True)
             digest.update(len(body).to_bytes(8, "big"))
             digest.update(body)
     return digest.hexdigest()[:16]
@@ -55,11 +60,29 @@ class Snapshot:
     generation: int
     resources: Mapping[str, tuple[Message, ...]]
     version: str = field(default="")
+    # Each resource's deterministic serialisation, by the identity of the object `resources` holds:
+    # the ADS server packs these bytes, and a next build given this snapshot reuses them.
+    bodies: Mapping[int, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def build(cls, gateway_id: str, generation: int, resources: Mapping[str, Iterable[Message]]) -> Snapshot:
+    def build(
+        cls,
+        gateway_id: str,
+        generation: int,
+        resources: Mapping[str, Iterable[Message]],
+        previous: Snapshot | None = None,
+    ) -> Snapshot:
+        """`previous`: a snapshot whose resource objects, where this one holds the same object again,
+        were not changed since (the translator's kept tables and scopes): their bytes are reused, so
+        a change costs the serialisation of what changed, not of 10,000 routes."""
         ordered = {t: tuple(sorted(rs, key=resource_name)) for t, rs in resources.items()}
-        return cls(gateway_id, generation, ordered, content_version(ordered))
+        known = previous.bodies if previous is not None else {}
+        bodies: dict[int, bytes] = {}
+        for held in ordered.values():
+            for res in held:
+                body = known.get(id(res))
+                bodies[id(res)] = res.SerializeToString(deterministic=True) if body is None else body
+        return cls(gateway_id, generation, ordered, content_version(ordered, bodies), bodies)
 
     def of(self, type_url: str) -> tuple[Message, ...]:
         return self.resources.get(type_url, ())

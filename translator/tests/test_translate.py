@@ -570,3 +570,15 @@ def test_a_one_route_change_under_scopes_renders_one_table_again() -> None:
     issuers = [{"tenant_id": "acme", "issuer": "https://idp.acme", "jwks_json": "{}"}]
     again = {t.name: t for t in translator.translate(inventory(edited, 3, issuers=issuers)).of(ROUTE)}
     assert all(again[name] is after[name] for name in after)
+
+
+@pytest.mark.parametrize("options", [OPTIONS, SCOPED], ids=["one-table", "scoped"])
+def test_a_translation_after_another_has_the_version_of_a_fresh_one(options: TranslateOptions) -> None:
+    # The next translation reuses the serialised bytes of the objects it keeps: never a stale version.
+    translator = Translator(options)
+    routes = [route(f"r{i}") for i in range(30)]
+    translator.translate(inventory(routes))
+    edited = [dict(routes[0], methods=["GET", "POST"]), *routes[1:], route("new")]
+    assert (
+        translator.translate(inventory(edited, 2)).version == translate(inventory(edited, 2), options).version
+    )

@@ -158,7 +158,7 @@ class Publisher:
             if not readers or type_url not in snapshot.resources:
                 continue
             mark = time.perf_counter()
-            digest = streams.serve(type_url, version, snapshot.of(type_url))
+            digest = streams.serve(type_url, version, snapshot.of(type_url), snapshot.bodies)
             timings[f"{short(type_url)}_serve_ms"] = elapsed_ms(mark)
             failure = await self._wait_acked({type_url: digest}, readers, version)
             timings[f"{short(type_url)}_ack_ms"] = elapsed_ms(mark)
@@ -174,12 +174,13 @@ class Publisher:
         union = {resource_name(c): c for c in (previous.resources if previous else ())} | new_clusters
         cds_version = version if union.keys() == new_clusters.keys() else f"{version}+{previous.version}"  # type: ignore[union-attr]
         mark, pushed_at = time.perf_counter(), time.monotonic()
+        bodies = snapshot.bodies
         targets = {
-            CLUSTER: streams.serve(CLUSTER, cds_version, tuple(union[n] for n in sorted(union))),
-            LISTENER: streams.serve(LISTENER, version, snapshot.of(LISTENER)),
+            CLUSTER: streams.serve(CLUSTER, cds_version, tuple(union[n] for n in sorted(union)), bodies),
+            LISTENER: streams.serve(LISTENER, version, snapshot.of(LISTENER), bodies),
             # Scopes and the route tables they name (none when the listener names one table).
-            SCOPED_ROUTE: streams.serve(SCOPED_ROUTE, version, snapshot.of(SCOPED_ROUTE)),
-            ROUTE: streams.serve(ROUTE, version, snapshot.of(ROUTE)),
+            SCOPED_ROUTE: streams.serve(SCOPED_ROUTE, version, snapshot.of(SCOPED_ROUTE), bodies),
+            ROUTE: streams.serve(ROUTE, version, snapshot.of(ROUTE), bodies),
         }
         timings["envoy_serve_ms"] = elapsed_ms(mark)
         failure = await self._wait_acked(targets, readers, version)
@@ -189,7 +190,7 @@ class Publisher:
             return failure
         if cds_version != version:
             mark = time.perf_counter()
-            digest = streams.serve(CLUSTER, version, snapshot.of(CLUSTER))
+            digest = streams.serve(CLUSTER, version, snapshot.of(CLUSTER), snapshot.bodies)
             failure = await self._wait_acked({CLUSTER: digest}, readers, version)
             timings["cds_removal_ack_ms"] = elapsed_ms(mark)
             if failure:

@@ -118,19 +118,24 @@ class Progress:
     missing: list[str]  # the readers with no stream open
 
 
-def _pack(type_url: str, resources: Iterable[Message]) -> tuple[tuple[any_pb2.Any, ...], str, dict[str, str]]:
+def _pack(
+    type_url: str, resources: Iterable[Message], bodies: Mapping[int, bytes] | None = None
+) -> tuple[tuple[any_pb2.Any, ...], str, dict[str, str]]:
     """The resources packed for a response, and the digest of their content.
 
-    One deterministic serialisation feeds both. A site service's policy set is identified by its
-    name and its own `version` (the hash of what the service decides on), not by the generation it
-    also carries: the service keeps the set it loaded for a known version anyway
-    (stoa_authz.policy.PolicyStore), so re-sending it for a new generation only costs a reload.
+    One deterministic serialisation feeds both (`bodies`: those the snapshot made, by object
+    identity). A site service's policy set is identified by its name and its own `version` (the hash
+    of what the service decides on), not by the generation it also carries: the service keeps the set
+    it loaded for a known version anyway (stoa_authz.policy.PolicyStore), so re-sending it for a new
+    generation only costs a reload.
     """
     digest = hashlib.sha256()
     packed = []
     versions = {}
     for res in resources:
-        body = res.SerializeToString(deterministic=True)
+        body = bodies.get(id(res)) if bodies else None
+        if body is None:
+            body = res.SerializeToString(deterministic=True)
         packed.append(any_pb2.Any(type_url=f"type.googleapis.com/{res.DESCRIPTOR.full_name}", value=body))
         if type_url in SITE_SERVICE_TYPES and getattr(res, "version", ""):
             body = f"{resource_name(res)}\n{res.version}".encode()  # type: ignore[attr-defined]
@@ -168,7 +173,13 @@ class Streams:
             if type_url != TOOL_PERMISSIONS:
                 del self._served[type_url]
 
-    def serve(self, type_url: str, version: str, resources: tuple[Message, ...]) -> str:
+    def serve(
+        self,
+        type_url: str,
+        version: str,
+        resources: tuple[Message, ...],
+        bodies: Mapping[int, bytes] | None = None,
+    ) -> str:
         """Serve `resources` as `version` from now on; the digest of their content.
 
         A subscribed stream whose latest push already carries this content (acknowledged or still
@@ -176,7 +187,7 @@ class Streams:
         alone, and a 10,000-route table or a large policy set costs its client a full reload. A
         client connecting later gets `version`.
         """
-        packed, digest, contents = _pack(type_url, resources)
+        packed, digest, contents = _pack(type_url, resources, bodies)
         # A resource's delta version is the version it was first served under with its content, so an
         # unchanged resource keeps its version (Envoy reports what a state-of-the-world push would
         # have set) and a client reconnecting with it gets nothing again.
