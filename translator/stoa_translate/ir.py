@@ -78,6 +78,15 @@ class RouteIR:
     # jwt: the token's consumer must hold an active subscription to this API.
     subscription: bool = False
 
+    def __hash__(self) -> int:
+        # Hashed once per object: a route is a dictionary key several times in every translation
+        # (10,000 look-ups for a one-route change), and the generated hash walks every field each time.
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     def policy(self, kind: str) -> Any | None:
         if not self.policies:  # most routes: asked once per kind per route per translation
             return None

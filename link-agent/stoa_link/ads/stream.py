@@ -118,31 +118,47 @@ class Progress:
     missing: list[str]  # the readers with no stream open
 
 
-def _pack(
-    type_url: str, resources: Iterable[Message], bodies: Mapping[int, bytes] | None = None
-) -> tuple[tuple[any_pb2.Any, ...], str, dict[str, str]]:
-    """The resources packed for a response, and the digest of their content.
+# One resource as packed: (the object, its Any, its name, the hash of its content).
+_Packed = tuple[Message, any_pb2.Any, str, str]
 
-    One deterministic serialisation feeds both (`bodies`: those the snapshot made, by object
-    identity). A site service's policy set is identified by its name and its own `version` (the hash
-    of what the service decides on), not by the generation it also carries: the service keeps the set
-    it loaded for a known version anyway (stoa_authz.policy.PolicyStore), so re-sending it for a new
+
+def _pack(
+    type_url: str,
+    resources: Iterable[Message],
+    bodies: Mapping[int, bytes] | None = None,
+    previous: Mapping[int, _Packed] | None = None,
+) -> tuple[tuple[any_pb2.Any, ...], str, dict[str, str], dict[int, _Packed]]:
+    """The resources packed for a response, the digest of their content, each one's content hash by
+    name, and what was packed by object identity (`previous` for the next call).
+
+    One deterministic serialisation feeds all (`bodies`: those the snapshot made, by object identity);
+    an object packed by the previous call is taken as it was (snapshots never change a resource they
+    hold), so 10,000 unchanged scopes cost a look-up each. The digest hashes the names and content
+    hashes. A site service's policy set is identified by its name and its own `version` (the hash of
+    what the service decides on), not by the generation it also carries: the service keeps the set it
+    loaded for a known version anyway (stoa_authz.policy.PolicyStore), so re-sending it for a new
     generation only costs a reload.
     """
     digest = hashlib.sha256()
     packed = []
     versions = {}
+    memo: dict[int, _Packed] = {}
     for res in resources:
-        body = bodies.get(id(res)) if bodies else None
-        if body is None:
-            body = res.SerializeToString(deterministic=True)
-        packed.append(any_pb2.Any(type_url=f"type.googleapis.com/{res.DESCRIPTOR.full_name}", value=body))
-        if type_url in SITE_SERVICE_TYPES and getattr(res, "version", ""):
-            body = f"{resource_name(res)}\n{res.version}".encode()  # type: ignore[attr-defined]
-        versions[resource_name(res)] = hashlib.sha256(body).hexdigest()[:16]
-        digest.update(len(body).to_bytes(8, "big"))
-        digest.update(body)
-    return tuple(packed), digest.hexdigest(), versions
+        hit = previous.get(id(res)) if previous else None
+        if hit is None or hit[0] is not res:
+            body = bodies.get(id(res)) if bodies else None
+            if body is None:
+                body = res.SerializeToString(deterministic=True)
+            wrapped = any_pb2.Any(type_url=f"type.googleapis.com/{res.DESCRIPTOR.full_name}", value=body)
+            if type_url in SITE_SERVICE_TYPES and getattr(res, "version", ""):
+                body = f"{resource_name(res)}\n{res.version}".encode()  # type: ignore[attr-defined]
+            hit = (res, wrapped, resource_name(res), hashlib.sha256(body).hexdigest()[:16])
+        memo[id(res)] = hit
+        _, wrapped, name, content = hit
+        packed.append(wrapped)
+        versions[name] = content
+        digest.update(f"{len(name)}:{name}:{content}".encode())
+    return tuple(packed), digest.hexdigest(), versions, memo
 
 
 class Streams:
@@ -152,6 +168,8 @@ class Streams:
         self._allowed = allowed
         self._streams: dict[int, _Stream] = {}
         self._served: dict[str, Served] = {}
+        # Per type, what the latest serve packed, by object identity (see `_pack`).
+        self._packed: dict[str, dict[int, _Packed]] = {}
         # Per type, per resource name: (content hash, the version it has been served under since).
         self._lineage: dict[str, dict[str, tuple[str, str]]] = {}
         self._changed = asyncio.Event()
@@ -187,7 +205,9 @@ class Streams:
         alone, and a 10,000-route table or a large policy set costs its client a full reload. A
         client connecting later gets `version`.
         """
-        packed, digest, contents = _pack(type_url, resources, bodies)
+        packed, digest, contents, self._packed[type_url] = _pack(
+            type_url, resources, bodies, self._packed.get(type_url)
+        )
         # A resource's delta version is the version it was first served under with its content, so an
         # unchanged resource keeps its version (Envoy reports what a state-of-the-world push would
         # have set) and a client reconnecting with it gets nothing again.
