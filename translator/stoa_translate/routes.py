@@ -299,7 +299,7 @@ def _decision_configs(route: RouteIR, options: TranslateOptions) -> dict[str, an
         return {EXT_AUTHZ_FILTER: packed(_check_context(route))}
     configs = {}
     if route.placement == placement.ENVOY:
-        configs[EXT_AUTHZ_FILTER] = packed(EXT_AUTHZ_DISABLED)
+        configs[EXT_AUTHZ_FILTER] = packed(placement.NO_CHECK)
         if route.auth_mode == "jwt":
             configs[CLAIMS_RBAC_FILTER] = packed(claims.claims_config(route, options))
     else:

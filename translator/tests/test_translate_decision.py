@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
+from envoy.config.route.v3 import route_components_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
 from google.protobuf import json_format
 from stoa_harness.envoy import validate_config
@@ -82,9 +82,9 @@ def placements(snapshot: Snapshot) -> dict[str, str]:
     configs = per_route(snapshot)
     found = {}
     for rid, config in configs.items():
-        check = ext_authz_pb2.ExtAuthzPerRoute()
-        config[EXT_AUTHZ_FILTER].Unpack(check)  # type: ignore[attr-defined]
-        if check.disabled:
+        left_out = route_components_pb2.FilterConfig()
+        if config[EXT_AUTHZ_FILTER].Unpack(left_out):  # type: ignore[attr-defined]
+            assert left_out == placement.NO_CHECK
             found[rid] = placement.ENVOY
         elif JWT_AUTHN_FILTER in config:
             found[rid] = placement.SERVICE_VERIFIED_TOKEN

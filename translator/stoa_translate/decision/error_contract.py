@@ -55,8 +55,22 @@ def _is(details: str) -> str:
 
 
 def native_denial_filter() -> accesslog_pb2.AccessLogFilter:
-    """Selects the responses that are native denials (one CEL expression, evaluated per request)."""
-    return cel_filter(" || ".join([*map(_is, EXACT), f"response.code_details.startsWith('{TOKEN_REFUSED}')"]))
+    """Selects the responses that are native denials. Every one is a local reply of 400 or more, so
+    the status is compared first and the CEL expression (~20,000 instructions, a sixth of what the
+    native decision costs Envoy: bench/PROFILE-native.md) runs only for such a response."""
+    at_least_400 = accesslog_pb2.AccessLogFilter(
+        status_code_filter=accesslog_pb2.StatusCodeFilter(
+            comparison=accesslog_pb2.ComparisonFilter(
+                op=accesslog_pb2.ComparisonFilter.GE,
+                value=base_pb2.RuntimeUInt32(default_value=400, runtime_key="stoa.native_denial_status"),
+            )
+        )
+    )
+    details = cel_filter(
+        " || ".join([*map(_is, EXACT), f"response.code_details.startsWith('{TOKEN_REFUSED}')"])
+    )
+    # An and_filter stops at the first filter that does not match.
+    return accesslog_pb2.AccessLogFilter(and_filter=accesslog_pb2.AndFilter(filters=[at_least_400, details]))
 
 
 def _mapper(selector: str, reason: Reason) -> hcm.ResponseMapper:

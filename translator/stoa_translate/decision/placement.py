@@ -21,6 +21,8 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from envoy.config.route.v3 import route_components_pb2
+
 if TYPE_CHECKING:
     from stoa_translate.ir import IssuerIR, RouteIR, SiteIR
     from stoa_translate.options import TranslateOptions
@@ -30,6 +32,10 @@ SERVICE_VERIFIED_TOKEN = "service_verified_token"
 SERVICE = "service"
 # Routes on which jwt_authn verifies the token.
 TOKEN_BY_ENVOY = (ENVOY, SERVICE_VERIFIED_TOKEN)
+# ext_authz's entry on a route Envoy decides: the filter is left out of the route's chain. Its own
+# `ExtAuthzPerRoute{disabled}` would have Envoy create it for every request and then skip it, ~14,000
+# instructions, a tenth of what the native decision costs (bench/PROFILE-native.md).
+NO_CHECK = route_components_pb2.FilterConfig(disabled=True)
 
 
 def verifiable_tenants(issuers: Iterable[IssuerIR]) -> frozenset[str]:
