@@ -22,6 +22,7 @@ the bench's fast upstream, with the bench's cached token.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -280,24 +281,22 @@ class _Setup:
         self.token = ""
         self.ports: dict[str, int] = {}
         self.path = run_dir / "native-profile.json"
+        self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> _Setup:
-        self._idp.start()
-        try:
-            self._upstream.start()
-            self.token = self._idp.mint(tenant=TENANT, scope=SCOPE, sub="bench-0", lifetime_s=3600)
+        with contextlib.ExitStack() as stack:
+            idp = stack.enter_context(self._idp)
+            upstream = stack.enter_context(self._upstream)
+            self.token = idp.mint(tenant=TENANT, scope=SCOPE, sub="bench-0", lifetime_s=3600)
             doc, self.ports = bootstrap(
-                self._upstream.url("a"), self._idp.issuer, self._idp.jwks(), self.names, self.admin_port
+                upstream.url("a"), idp.issuer, idp.jwks(), self.names, self.admin_port
             )
             self.path.write_text(json.dumps(doc))
-        except BaseException:
-            self.__exit__()
-            raise
+            self._stack = stack.pop_all()
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self._upstream.stop()
-        self._idp.stop()
+        self._stack.close()
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.ports[name]}"
@@ -367,7 +366,7 @@ def timed(names: list[str], rounds: int, duration_s: float, run_dir: Path) -> Do
             "ratio": statistics.median(ratio[name]),
             "ratio_spread": [min(ratio[name]), max(ratio[name])],
             "cpu_us_per_request": statistics.median(cpu[name]),
-            "cpu_us_over_proxy": -_per_round(cpu, name, "proxy"),
+            "cpu_us_over_proxy": 0.0 - _per_round(cpu, name, "proxy"),
         }
         for name in setup.names
     }
@@ -452,7 +451,7 @@ def counted(names: list[str], rounds: int, window_s: float, run_dir: Path) -> Do
             name: {
                 "instructions_per_request": statistics.median(runs),
                 "spread": [min(runs), max(runs)],
-                "over_proxy": -_per_round(samples, name, "proxy"),
+                "over_proxy": 0.0 - _per_round(samples, name, "proxy"),
                 "saved_from_full": _per_round(samples, name, "full") if full else None,
             }
             for name, runs in samples.items()
@@ -467,7 +466,7 @@ def _print(result: Doc) -> None:
         print(f"Envoy's idle background: {result['idle_instructions_per_s']:,.0f} instructions/s")
         print(f"{'variant':40s} {'instr/req':>10s} {'vs proxy':>9s} {'vs full':>8s}  (min-max)")
         for name, c in result["variants"].items():
-            saved = "" if c["saved_from_full"] is None else f"{-c['saved_from_full']:+8,.0f}"
+            saved = "" if c["saved_from_full"] is None else f"{0.0 - c['saved_from_full']:+8,.0f}"
             low, high = c["spread"]
             figures = f"{c['instructions_per_request']:10,.0f} {c['over_proxy']:9,.0f} {saved:>8s}"
             print(f"{name:40s} {figures}  ({low:,.0f}-{high:,.0f})")
