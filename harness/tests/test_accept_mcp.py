@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import asyncpg
@@ -442,7 +443,9 @@ def test_boot_without_a_valid_artifact_denies_and_is_not_ready(
     assert tool_names(estate, token) == ["get_order"]
 
 
-def test_a_rotated_signing_key_is_used_and_verified(estate: Estate, idp: DevIdentityProvider) -> None:
+def test_a_rotated_signing_key_is_used_and_both_keys_verify(
+    estate: Estate, idp: DevIdentityProvider, tmp_path: Path
+) -> None:
     token = reader(idp)
     old_kid = ready(estate)["kid"]
     new_kid = estate.rotate_signing_key()
@@ -452,6 +455,22 @@ def test_a_rotated_signing_key_is_used_and_verified(estate: Estate, idp: DevIden
     assert doc["kid"] != old_kid
     assert json.loads(estate.trusted_keys.read_text())["keys"][0]["kid"] == old_kid
     assert tool_names(estate, token) == ["get_order"]
+    # The overlap: an artifact the old key signed (a CP that has not rotated yet) is still honoured.
+    old_keys = tmp_path / "old-keys"
+    old_keys.mkdir()
+    (old_keys / "0001.pem").write_bytes(min(estate.signing_key_dir.glob("*.pem")).read_bytes())
+    seq, jws = _current(estate)
+    now = int(time.time())
+    _, by_old_key = Signer(old_keys, "stoa-cp", 600).sign(
+        {**_claims(jws), "seq": seq + 1, "iat": now, "exp": now + 600}
+    )
+    _publish(estate, seq + 1, by_old_key)
+    held = wait_until(
+        lambda: (r := ready(estate)) and r["seq"] == seq + 1 and r, 10, "the old key's artifact held"
+    )
+    assert held["kid"] == old_kid
+    assert tool_names(estate, token) == ["get_order"]
+    _resign(estate)
 
 
 def test_unauthenticated_callers_are_told_where_the_resource_metadata_is(
