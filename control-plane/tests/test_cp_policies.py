@@ -62,6 +62,10 @@ BAD_CONFIGS = [
         {"request": {"json": [{"op": "set", "path": "/a", "value": {"n": 2**60}}]}},
         "config.request.json[0].value",
     ),
+    ("compression", {"algorithms": []}, "config.algorithms"),
+    ("compression", {"algorithms": ["gzip", "deflate"]}, "config.algorithms[1]"),
+    ("compression", {"algorithms": ["br", "br"]}, "config.algorithms"),
+    ("compression", {"algorithms": ["br"], "minBytes": -1}, "config.minBytes"),
 ]
 
 
@@ -124,6 +128,8 @@ async def test_bad_config_is_422_naming_the_field_and_changes_nothing(
                 "response": {"headers": {}, "json": [{"op": "rename", "path": "/x", "to": "/y"}]},
             },
         ),
+        # Algorithms in one order whatever the order given; Envoy's default threshold made explicit.
+        ("compression", {"algorithms": ["gzip", "zstd"]}, {"algorithms": ["zstd", "gzip"], "minBytes": 30}),
     ],
 )
 async def test_supported_types_are_stored_in_normal_form(api, policy_type, config, stored) -> None:
@@ -158,7 +164,7 @@ async def test_an_unsupported_type_is_422_naming_the_supported_ones(api, policy_
         assert error["field"] == "type"
         assert error["message"] == (
             f"{policy_type!r} is not a supported type "
-            "(supported: cors, rate_limit, ip_filter, guardrails, transform, opa)"
+            "(supported: cors, rate_limit, ip_filter, guardrails, transform, opa, compression)"
         )
     assert (await api.admin.get(f"/v1/tenants/{tenant_id}/policies")).json() == []
 

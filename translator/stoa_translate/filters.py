@@ -26,6 +26,8 @@ EXT_AUTHZ_FILTER = "envoy.filters.http.ext_authz"
 BUFFER_FILTER = "envoy.filters.http.buffer"
 RATE_LIMIT_FILTER = "envoy.filters.http.local_ratelimit"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+# The position of the compressor instances (each named by the compression kind).
+COMPRESSOR_FILTER = "envoy.filters.http.compressor"
 ROUTER_FILTER = "envoy.filters.http.router"
 JWT_AUTHN_FILTER = "envoy.filters.http.jwt_authn"
 # Two more instances of the rbac filter, each its own name in the chain and its own per-route key:
@@ -68,6 +70,11 @@ HTTP_FILTER_ORDER: tuple[tuple[str, str], ...] = (
         "the authorization service decides every route Envoy does not (disabled on the routes it does)",
     ),
     (RATE_LIMIT_FILTER, "after the Check: only authorized requests spend the route's tokens"),
+    (
+        COMPRESSOR_FILTER,
+        "before the processor: a response passes the filters in reverse, so the processor inspects "
+        "(and redacts) the plain body and the compressor compresses what it passed",
+    ),
     (
         EXT_PROC_FILTER,
         "after the Check and the bucket: a body is read and inspected only for a request that may pass",

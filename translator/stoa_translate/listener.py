@@ -64,8 +64,8 @@ def render_listener(site: SiteIR, options: TranslateOptions) -> listener_pb2.Lis
         stat_prefix="stoa",
         codec_type=hcm.HttpConnectionManager.AUTO,
         http_filters=[
-            hcm.HttpFilter(name=name, typed_config=packed(config), disabled=name in DISABLED_BY_DEFAULT)
-            for name, config in _chain(site, options)
+            hcm.HttpFilter(name=name, typed_config=packed(config), disabled=disabled)
+            for name, config, disabled in _chain(site, options)
         ],
         # Before routing and before any filter, on every route whatever its auth mode.
         early_header_mutation_extensions=[_strip_client_headers(options), *_scope_key(by_scope)],
@@ -184,8 +184,11 @@ def _strip_client_headers(options: TranslateOptions) -> extension_pb2.TypedExten
     )
 
 
-def _chain(site: SiteIR, options: TranslateOptions) -> list[tuple[str, message.Message]]:
-    # A kind's listener-level filter is inert: only a route's typed_per_filter_config switches it on.
+def _chain(site: SiteIR, options: TranslateOptions) -> list[tuple[str, message.Message, bool]]:
+    """(name, config, disabled on the listener) of each filter, in the order table's order.
+
+    A kind's listener-level filter is inert: only a route's typed_per_filter_config switches it on.
+    """
     configs: dict[str, message.Message] = {
         EXT_AUTHZ_FILTER: ext_authz_filter(options, placement.uses(site, placement.SERVICE_VERIFIED_TOKEN)),
         ROUTER_FILTER: router_filter(),
@@ -197,12 +200,21 @@ def _chain(site: SiteIR, options: TranslateOptions) -> list[tuple[str, message.M
         configs[JWT_AUTHN_FILTER] = jwt_authn.listener_filter(site.issuers, tenants, options)
         if any(r.placement == placement.ENVOY for r in verified):
             configs[CLAIMS_RBAC_FILTER] = rbac_pb2.RBAC()
-    for kind in KINDS.values():
-        if kind.listener_filter is not None and site.needs(kind.name):
-            configs[kind.filter_name] = kind.listener_filter()
     if site.needs_request_buffer():
         configs[BUFFER_FILTER] = buffer_filter()
-    return [(name, configs[name]) for name, _why in HTTP_FILTER_ORDER if name in configs]
+    # A position in the order table holds one filter, or a kind's several instances.
+    chain: dict[str, list[tuple[str, message.Message, bool]]] = {
+        name: [(name, config, name in DISABLED_BY_DEFAULT)] for name, config in configs.items()
+    }
+    for kind in KINDS.values():
+        if not kind.filter_name or not site.needs(kind.name):
+            continue  # no filter (decided by the authorization service), or no route uses the kind
+        used = [ir for route in site.routes if (ir := route.policy(kind.name)) is not None]
+        if used:
+            chain[kind.filter_name] = [
+                (name, config, kind.disabled_on_listener) for name, config in kind.filters(used)
+            ]
+    return [entry for name, _why in HTTP_FILTER_ORDER for entry in chain.get(name, ())]
 
 
 def _status(status: int) -> accesslog_pb2.AccessLogFilter:

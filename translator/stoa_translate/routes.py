@@ -238,13 +238,10 @@ def per_route_configs(route: RouteIR, options: TranslateOptions) -> dict[str, an
     configs = _decision_configs(route, options)
     kinds: dict[str, message.Message] = {}
     for name, ir in route.policies:
-        kind = KINDS[name]
-        if kind.route_config is None:
-            continue  # decided by the authorization service from its policy set, no filter config
-        config = kind.route_config(route.route_id, ir)
-        # Kinds served by the processing service share its filter: one config with the union of phases.
-        shared = kinds.get(kind.filter_name)
-        kinds[kind.filter_name] = config if shared is None else merge_ext_proc_routes(shared, config)
+        for filter_name, config in KINDS[name].per_route(route.route_id, ir).items():
+            # Kinds served by the processing service share its filter: one config, the union of phases.
+            shared = kinds.get(filter_name)
+            kinds[filter_name] = config if shared is None else merge_ext_proc_routes(shared, config)
     buffered = route.request_buffer_bytes()
     if buffered is not None:
         kinds[BUFFER_FILTER] = buffer_route(buffered)

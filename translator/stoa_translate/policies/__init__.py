@@ -12,14 +12,12 @@ from typing import Any
 from google.protobuf import message
 
 from stoa_translate.filters import EXT_PROC_FILTER
-from stoa_translate.policies import cors, guardrails, ip_filter, opa, rate_limit, transform
+from stoa_translate.policies import compression, cors, guardrails, ip_filter, opa, rate_limit, transform
 from stoa_translate.policies.kind import ConfigError, PolicyKind, config_json, read_config
 from stoa_translate.policies.limits import DEFAULT_LIMITS, ListLimits
 
-KINDS: dict[str, PolicyKind] = {
-    kind.name: kind
-    for kind in (cors.KIND, rate_limit.KIND, ip_filter.KIND, guardrails.KIND, transform.KIND, opa.KIND)
-}
+_ALL = (cors, rate_limit, ip_filter, guardrails, transform, opa, compression)
+KINDS: dict[str, PolicyKind] = {module.KIND.name: module.KIND for module in _ALL}
 SUPPORTED_KINDS: tuple[str, ...] = tuple(KINDS)
 # The kinds the processing service enforces: a route with one of them gets a processing stream.
 PROCESSING_KINDS: tuple[str, ...] = tuple(k.name for k in KINDS.values() if k.filter_name == EXT_PROC_FILTER)

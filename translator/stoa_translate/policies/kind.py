@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sized
+from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,13 @@ class PolicyKind:
 
     A kind decided wholly by the authorization service (its config travels in the service's policy
     set) has no filter: `filter_name` empty, `listener_filter` and `route_config` None.
+
+    A kind whose filter is configured per setting (compression: one compressor per algorithm and
+    size threshold, since a route cannot override either) gives instead:
+    - `listener_filters`: (the IRs of every route using it) → its filter instances, by name, all
+      standing at the position of `filter_name` in the order table;
+    - `route_configs`: (route id, IR) → the per-route config of each instance the route switches on;
+    - `disabled_on_listener`: its instances are off unless a route's per-route config names them.
     """
 
     name: str
@@ -58,6 +65,21 @@ class PolicyKind:
     extra_methods: tuple[str, ...] = ()
     list_limits: Mapping[str, str] = field(default_factory=dict)
     long_text: frozenset[str] = frozenset()
+    listener_filters: Callable[[Sequence[Any]], list[tuple[str, message.Message]]] | None = None
+    route_configs: Callable[[str, Any], dict[str, message.Message]] | None = None
+    disabled_on_listener: bool = False
+
+    def filters(self, used: Sequence[Any]) -> list[tuple[str, message.Message]]:
+        """The listener's filters for this kind, given the IRs of the routes that use it."""
+        if self.listener_filters is not None:
+            return self.listener_filters(used)
+        return [] if self.listener_filter is None else [(self.filter_name, self.listener_filter())]
+
+    def per_route(self, route_id: str, ir: Any) -> dict[str, message.Message]:
+        """typed_per_filter_config entries (filter name → config) for one route using this kind."""
+        if self.route_configs is not None:
+            return self.route_configs(route_id, ir)
+        return {} if self.route_config is None else {self.filter_name: self.route_config(route_id, ir)}
 
 
 def read_config(kind: PolicyKind, config: object, limits: ListLimits = DEFAULT_LIMITS) -> message.Message:
