@@ -102,6 +102,22 @@ class Guardrails:
     pii: tuple[PiiKind, ...]
     redact: bool
     schema: Draft202012Validator | None
+    # One RE2 alternation of every pattern and blocked PII candidate, multi-line, run once over all the
+    # strings of a document (None when a pattern's anchors could make it miss what one string holds).
+    screen: Any = None
+
+    def check_texts(self, values: Iterable[str]) -> None:
+        """`check_text` on each value. Most documents hold nothing to find: one search of the screen
+        over all of them, joined by line breaks, rules that out; only a hit checks each string.
+
+        Sound: what a pattern finds in one string it finds in the joined text (`^` and `$` match at
+        each line there, a line break is no word character for `\b`); the screen may find more
+        (across strings), which only costs the exact check."""
+        strings = list(values)
+        if self.screen is not None and not self.screen.search("\n".join(normalise(v) for v in strings)):
+            return
+        for value in strings:
+            self.check_text(value)
 
     def check_text(self, value: str, *, block_pii: bool = False) -> None:
         """403 if a pattern, or a PII kind to block, is found in the normalised text."""
@@ -130,6 +146,19 @@ class Guardrails:
 
 def _find(kind: PiiKind, text: str) -> bool:
     return any(kind.confirm(m.group(0)) for m in kind.pattern.finditer(text))
+
+
+def _screen(patterns: list[str], blocked_pii: list[PiiKind]) -> Any:
+    """The alternation `check_texts` screens a document with, or None when it could not be sound."""
+    if any(anchor in p for p in patterns for anchor in ("\\A", "\\z", "-m")):
+        return None  # text anchors (or multi-line turned off) mean something else in the joined text
+    parts = [unicodedata.normalize("NFKC", p) for p in patterns] + [k.pattern.pattern for k in blocked_pii]
+    if not parts:
+        return None
+    try:
+        return re2.compile("(?im)" + "|".join(f"(?:{part})" for part in parts), _QUIET)
+    except re2.error:
+        return None
 
 
 def compile_guardrails(
@@ -168,6 +197,7 @@ def compile_guardrails(
         validator = Draft202012Validator(schema)
     limit = min(max_body_bytes or default_max_body_bytes, default_max_body_bytes)
     return Guardrails(
+        screen=_screen(list(patterns), kinds if pii_action != "redact" else []),
         request=direction in ("request", "both"),
         response=direction in ("response", "both"),
         max_body_bytes=limit,

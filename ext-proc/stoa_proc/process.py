@@ -169,8 +169,7 @@ class Exchange:
             text = decode.text(plain)
             if is_json:
                 document = decode.parse_json(text)
-                for value in decode.strings(document):
-                    guardrails.check_text(value)
+                guardrails.check_texts(decode.strings(document))
                 if request:
                     guardrails.check_schema(document)
                 redacted = _redact_json(document, guardrails)

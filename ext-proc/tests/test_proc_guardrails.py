@@ -162,3 +162,28 @@ def test_stream_passes_clean_events_and_done() -> None:
     assert leaking.feed(_event("bob@exa") + _event("mple.com"), end_of_stream=True).startswith(
         _event("bob@exa") + b"event: error"
     )
+
+
+@pytest.mark.parametrize(
+    ("patterns", "kinds", "strings", "blocked"),
+    [
+        # Anchored patterns still find what one string holds once the strings are joined.
+        (["^start", "end$"], [], ["x", "start here"], True),
+        (["^start", "end$"], [], ["the end", "y"], True),
+        (["^start"], [], ["not at the start"], False),
+        (["\\bword\\b"], [], ["a", "word"], True),
+        # A screen hit across two strings is not a match in either: the exact check decides.
+        (["forbidden\\s+fruit"], [], ["forbidden", "fruit"], False),
+        ([], ["card"], ["4111 1111 1111 1111"], True),
+        ([], ["card"], ["4111 1111 1111 1112"], False),  # a candidate failing Luhn
+        (["\\Astart"], [], ["x", "start"], True),  # no screen for text anchors: each string checked
+    ],
+)
+def test_documents_are_screened_once_and_checked_exactly(
+    patterns: list[str], kinds: list[str], strings: list[str], blocked: bool
+) -> None:
+    g = guard(patterns=patterns, pii_kinds=kinds, pii_action="block" if kinds else "")
+    if blocked:
+        assert denied(g.check_texts, strings).reason is Reason.GUARDRAIL_BLOCKED
+    else:
+        g.check_texts(strings)
