@@ -7,11 +7,13 @@ reached the model. Runs in-process like the echo upstream.
 
     with FakeLLM() as llm:
         llm.script(["Hello", " world"])      # the next answers' pieces
+        llm.script(["a", "b"], pause_s=0.5, usage={"total_tokens": -1})  # slow events, odd usage
         llm.requests()                       # [(headers, body bytes)] as received
 """
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import threading
@@ -40,14 +42,27 @@ class FakeLLM(ServedByThread):
         self._lock = threading.Lock()
         self._pieces: tuple[str, ...] = ("Hello", " from", " the", " model.")
         self._gzip = False
+        self._pause_s = 0.0
+        self._usage: Mapping[str, object] | None = None
         self._received: list[Received] = []
         self._http = ThreadedASGIServer(self._app, "fake-llm", host, port)
 
-    def script(self, pieces: Sequence[str], *, gzip_body: bool = False) -> None:
-        """The pieces of every following answer; `gzip_body`: a non-streamed answer is gzip-encoded."""
+    def script(
+        self,
+        pieces: Sequence[str],
+        *,
+        gzip_body: bool = False,
+        pause_s: float = 0.0,
+        usage: Mapping[str, object] | None = None,
+    ) -> None:
+        """The pieces of every following answer; `gzip_body`: a non-streamed answer is gzip-encoded;
+        `pause_s`: a streamed answer waits that long before each piece, a buffered one before it
+        starts; `usage`: reported instead of the counted one."""
         with self._lock:
             self._pieces = tuple(pieces)
             self._gzip = gzip_body
+            self._pause_s = pause_s
+            self._usage = usage
 
     def requests(self) -> list[Received]:
         with self._lock:
@@ -64,7 +79,7 @@ class FakeLLM(ServedByThread):
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         with self._lock:
             self._received.append(Received(scope["path"], headers, body))
-            pieces, compress = self._pieces, self._gzip
+            pieces, compress, pause_s, scripted_usage = self._pieces, self._gzip, self._pause_s, self._usage
         try:
             request = json.loads(body) if body else {}
         except ValueError:
@@ -77,10 +92,10 @@ class FakeLLM(ServedByThread):
             "completion_tokens": sum(_tokens(p) for p in pieces),
         }
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        reported: Mapping[str, object] = usage if scripted_usage is None else scripted_usage
         if request.get("stream") is True:
-            await self._stream(
-                send, pieces, usage, bool((request.get("stream_options") or {}).get("include_usage"))
-            )
+            include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+            await self._stream(send, pieces, reported, include_usage, pause_s)
             return
         payload = json.dumps(
             {
@@ -94,10 +109,12 @@ class FakeLLM(ServedByThread):
                         "finish_reason": "stop",
                     }
                 ],
-                "usage": usage,
+                "usage": reported,
             }
         ).encode()
         extra: list[tuple[bytes, bytes]] = []
+        if pause_s:
+            await asyncio.sleep(pause_s)  # a slow model: nothing is answered meanwhile
         if compress:
             payload = gzip.compress(payload)
             extra.append((b"content-encoding", b"gzip"))
@@ -115,7 +132,12 @@ class FakeLLM(ServedByThread):
         await send({"type": "http.response.body", "body": payload})
 
     async def _stream(
-        self, send: Send, pieces: Sequence[str], usage: dict[str, int], include_usage: bool
+        self,
+        send: Send,
+        pieces: Sequence[str],
+        usage: Mapping[str, object],
+        include_usage: bool,
+        pause_s: float,
     ) -> None:
         await send(
             {
@@ -138,6 +160,8 @@ class FakeLLM(ServedByThread):
 
         await send({"type": "http.response.body", "body": chunk({"role": "assistant"}), "more_body": True})
         for piece in pieces:
+            if pause_s:
+                await asyncio.sleep(pause_s)  # a slow model, as a client sees one
             await send({"type": "http.response.body", "body": chunk({"content": piece}), "more_body": True})
         tail = chunk({}, "stop")
         if include_usage:

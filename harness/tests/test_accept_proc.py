@@ -1,6 +1,7 @@
 """The processing service through a real Envoy fed by the real CP and Link: guardrails on a
 chat-completion route in front of the fake model, streamed and not, the bypasses, the size limit
-before any body is read (with the authorization hop in front), and a processing service that is down.
+before any body is read (with the authorization hop in front), a processing service that is down;
+transform; and compression, which Envoy does itself (no stream to the service).
 """
 
 from __future__ import annotations
@@ -8,12 +9,16 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
+import brotli
 import httpx
 import pytest
+import zstandard
 from stoa_harness.cp_client import CPError
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.wait import wait_until
+from stoa_proc.decode import Limits, decompress
 from stoa_proto.bodies import DENY_BODIES, PROC_BODIES
 
 TENANT = "proc"
@@ -31,6 +36,8 @@ GUARDRAILS = {
     },
 }
 
+
+SQUEEZE_MIN = 1024
 
 TRANSFORM = {
     "request": {
@@ -58,6 +65,26 @@ def estate(estates) -> Estate:
         "shaped-guard", "guardrails", {"blockPatterns": [SECRET]}, tenant_id=TENANT, targets=["shaped"]
     )
     estate.admin.add_policy("shaped-transform", "transform", TRANSFORM, tenant_id=TENANT, targets=["shaped"])
+    # Compression alone (echo upstream), and after the response guardrails' redaction (the model).
+    estate.publish("squeezed", tenant_id=TENANT, methods=["GET"])
+    estate.admin.add_policy(
+        "squeeze",
+        "compression",
+        {"algorithms": ["gzip", "br", "zstd"], "minBytes": SQUEEZE_MIN},
+        tenant_id=TENANT,
+        targets=["squeezed"],
+    )
+    estate.publish("chat-squeezed", tenant_id=TENANT, upstream_url=model, methods=["POST"])
+    estate.admin.add_policy(
+        "chat-squeezed-guard",
+        "guardrails",
+        {"direction": "response", "pii": {"kinds": ["email"], "action": "redact"}},
+        tenant_id=TENANT,
+        targets=["chat-squeezed"],
+    )
+    estate.admin.add_policy(
+        "chat-squeeze", "compression", {"algorithms": ["gzip"]}, tenant_id=TENANT, targets=["chat-squeezed"]
+    )
     estate.admin.wait_synced()
     return estate
 
@@ -133,8 +160,16 @@ def test_request_guardrails_and_bypasses(estate: Estate) -> None:
 
 
 def test_compressed_request_is_inspected_and_a_bomb_is_413(estate: Estate) -> None:
-    hidden = gzip.compress(json.dumps(ask(f"the {SECRET}")).encode())
-    assert chat(estate, hidden, content_encoding="gzip").status_code == 403
+    secret = json.dumps(ask(f"the {SECRET}")).encode()
+    for encoding, packed in (
+        ("gzip", gzip.compress(secret)),
+        ("br", brotli.compress(secret)),
+        ("zstd", zstandard.ZstdCompressor().compress(secret)),
+        ("gzip, br", brotli.compress(gzip.compress(secret))),  # layered: undone last first
+    ):
+        assert chat(estate, packed, content_encoding=encoding).status_code == 403, encoding
+    zstd_bomb = zstandard.ZstdCompressor().compress(b" " * (LIMIT * 100))
+    assert chat(estate, zstd_bomb, content_encoding="zstd").status_code == 413
     clean = gzip.compress(json.dumps(ask("hello")).encode())
     assert chat(estate, clean, content_encoding="gzip").status_code == 200
     # Decompression is for inspection: the model gets the body as sent.
@@ -236,6 +271,28 @@ def test_service_down_is_503_with_retry_after(estate: Estate) -> None:
     assert chat(estate, ask("hi")).status_code == 200
 
 
+def test_service_failing_while_the_model_answers_is_503_and_the_post_is_not_retried(estate: Estate) -> None:
+    # The model holds its answer; the service goes away meanwhile, with the exchange's stream open.
+    estate.llm.script(["late"], pause_s=3)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(chat, estate, ask("hi"))
+        wait_until(lambda: len(estate.llm.requests()) == 1, 10, "the model got the request")
+        estate.proc.stop()
+        try:
+            response = pending.result(timeout=15)
+        finally:
+            estate.proc.start()
+    assert response.status_code == 503
+    assert response.content == DENY_BODIES[503]
+    assert response.headers["retry-after"] == "1"
+    assert len(estate.llm.requests()) == 1, "Envoy sent the POST to the model again"
+    wait_until(
+        lambda: httpx.get(f"{estate.site.proc_http_url}/health/ready").status_code == 200,
+        30,
+        "stoa-proc ready again",
+    )
+
+
 def test_transform_edits_both_ways_beside_guardrails(estate: Estate) -> None:
     estate.upstream.clear()
     response = chat(estate, {"user": "u-1", "q": "hi"}, api="shaped", x_debug="1")
@@ -253,3 +310,57 @@ def test_transform_edits_both_ways_beside_guardrails(estate: Estate) -> None:
     assert chat(estate, {"q": SECRET}, api="shaped").status_code == 403
     assert chat(estate, b"plain words", api="shaped", content_type="text/plain").status_code == 400
     assert len(estate.upstream.arrivals()) == 1
+
+
+def raw_get(estate: Estate, path: str, **headers: str) -> tuple[httpx.Response, bytes]:
+    """The response and its body exactly as sent (httpx would decode it)."""
+    sent = {name.replace("_", "-"): value for name, value in headers.items()}
+    with estate.gateway.stream("GET", estate.url(path), headers=sent) as response:
+        return response, b"".join(response.iter_raw())
+
+
+def test_compression_by_envoy_for_each_algorithm_above_the_threshold_only(estate: Estate) -> None:
+    before = streams_started(estate)
+    pad = "x" * (2 * SQUEEZE_MIN)
+    for algorithm in ("gzip", "br", "zstd"):
+        response, raw = raw_get(estate, "/apis/squeezed/big", accept_encoding=algorithm, x_pad=pad)
+        assert response.status_code == 200
+        assert response.headers["content-encoding"] == algorithm
+        assert len(raw) < SQUEEZE_MIN
+        plain = decompress(raw, algorithm, Limits(1 << 20, 1000))
+        assert json.loads(plain)["headers"]["x-pad"] == pad
+    # Equal preference: the one the client lists first.
+    for first in ("gzip", "br", "zstd"):
+        listed = ", ".join([first, *(a for a in ("zstd", "br", "gzip") if a != first)])
+        response, _ = raw_get(estate, "/apis/squeezed/big", accept_encoding=listed, x_pad=pad)
+        assert response.headers["content-encoding"] == first
+    response, _ = raw_get(estate, "/apis/squeezed/big", accept_encoding="gzip;q=1, zstd;q=0.5", x_pad=pad)
+    assert response.headers["content-encoding"] == "gzip"
+    # Below the threshold, without an Accept-Encoding, or on a route without the policy: as it is.
+    response, raw = raw_get(estate, "/apis/squeezed/small", accept_encoding="gzip")
+    assert len(raw) < SQUEEZE_MIN
+    assert "content-encoding" not in response.headers
+    assert json.loads(raw)["path"].endswith("/small")
+    response, raw = raw_get(estate, "/apis/squeezed/big", accept_encoding="identity", x_pad=pad)
+    assert "content-encoding" not in response.headers
+    assert json.loads(raw)["headers"]["x-pad"] == pad
+    plain = chat(estate, ask("hi"), api="plain", accept_encoding="gzip")
+    assert plain.status_code == 200
+    assert "content-encoding" not in plain.headers
+    # Envoy's compressor alone: no processing stream was opened for any of these.
+    assert streams_started(estate) == before
+
+
+def test_compression_applies_to_what_the_guardrails_passed(estate: Estate) -> None:
+    estate.llm.script(["write to ", "alice@example.org"])
+    with estate.gateway.stream(
+        "POST",
+        estate.url("/apis/chat-squeezed/chat/completions"),
+        json=ask("hi"),
+        headers={"accept-encoding": "gzip"},
+    ) as response:
+        raw = b"".join(response.iter_raw())
+    assert response.status_code == 200
+    assert response.headers["content-encoding"] == "gzip"
+    answer = json.loads(gzip.decompress(raw))
+    assert answer["choices"][0]["message"]["content"] == "write to [redacted]"
