@@ -1,7 +1,8 @@
 """`python -m stoa_harness.bench`: every scenario in one estate, then the report.
 
 Order: data path (one route) → consumers (key, billed-quota and OPA routes against the plain JWT
-route; revocation propagation) → churn (100 routes) → publication ladder 100 / 1,000 / 3,000 routes
+route; revocation propagation) → processing (a guardrail route, a streamed completion) → churn
+(100 routes) → publication ladder 100 / 1,000 / 3,000 routes
 (footprint at 5,000) / 10,000, then the 1-route change and the full publication at 10,000.
 `BENCH_QUICK=1`: the same route counts and report keys, fewer repetitions and shorter load phases
 (under 5 minutes on 2 cores). Results go to `bench/results/<date>/` at the repository root
@@ -9,6 +10,7 @@ route; revocation propagation) → churn (100 routes) → publication ladder 100
 `BENCH_ONLY=data_path`: the data-path scenario alone (for work on the authorization hop); it writes
 `data_path.json` (the `data_path` section of the report) instead of the full report.
 `BENCH_ONLY=consumers`: the consumers scenario alone; it writes `consumers.json`.
+`BENCH_ONLY=processing`: the processing scenario alone; it writes `processing.json`.
 `BENCH_ONLY=publication`: the publication ladder alone (with the footprint taken on the way); it writes
 `publication.json`. `BENCH_RUN_DIR=DIR` keeps the estate's logs (CP, Link, Envoy) in DIR.
 `BENCH_ONLY=mcp`: a `tools/call` through Envoy, stoa-authz and stoa-mcp against a direct call of its API
@@ -28,7 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stoa_harness.bench import churn, consumers, data_path, footprint, mcp_call, publication, report
+from stoa_harness.bench import (
+    churn,
+    consumers,
+    data_path,
+    footprint,
+    mcp_call,
+    processing,
+    publication,
+    report,
+)
 from stoa_harness.bench.rig import Rig
 
 REPO = Path(__file__).resolve().parents[3]
@@ -46,16 +57,38 @@ class Plan:
     changes: int  # 1-route change samples at 10,000
     full: int  # full-publication samples
     rest_window_s: float  # footprint CPU window
+    proc_reps: int  # processing repetitions (each variant with its own proxy-only baseline)
+    ttfb_count: int  # streamed completions per time-to-first-byte sample
 
 
 FULL = Plan(
-    quick=False, reps=5, load_s=10, one_conn_s=5, publications=20, changes=5, full=3, rest_window_s=10
+    quick=False,
+    reps=5,
+    load_s=10,
+    one_conn_s=5,
+    publications=20,
+    changes=5,
+    full=3,
+    rest_window_s=10,
+    proc_reps=3,
+    ttfb_count=100,
 )
-QUICK = Plan(quick=True, reps=3, load_s=2, one_conn_s=2, publications=5, changes=3, full=2, rest_window_s=3)
+QUICK = Plan(
+    quick=True,
+    reps=3,
+    load_s=2,
+    one_conn_s=2,
+    publications=5,
+    changes=3,
+    full=2,
+    rest_window_s=3,
+    proc_reps=2,
+    ttfb_count=40,
+)
 
 
 def run(
-    plan: Plan, run_dir: Path, only: tuple[str, ...] = ("data_path", "consumers", "churn")
+    plan: Plan, run_dir: Path, only: tuple[str, ...] = ("data_path", "consumers", "processing", "churn")
 ) -> dict[str, Any]:
     started = time.monotonic()
     phases: dict[str, float] = {}
@@ -73,6 +106,11 @@ def run(
                 rig, reps=plan.reps, duration_s=plan.load_s, one_conn_duration_s=plan.one_conn_s
             )
             phases["consumers"], mark = time.monotonic() - mark, time.monotonic()
+        if "processing" in only:
+            out["processing"] = processing.run(
+                rig, reps=plan.proc_reps, duration_s=plan.load_s, ttfb_count=plan.ttfb_count
+            )
+            phases["processing"], mark = time.monotonic() - mark, time.monotonic()
         if "churn" in only:
             out["churn"] = churn.run(rig)
             phases["churn"], mark = time.monotonic() - mark, time.monotonic()
@@ -131,19 +169,33 @@ def run_consumers(plan: Plan, run_dir: Path, target: Path) -> None:
     print(f"consumers: {target / 'consumers.json'}")
 
 
+def run_processing(plan: Plan, run_dir: Path, target: Path) -> None:
+    with Rig(run_dir) as rig:
+        result = processing.run(rig, reps=plan.proc_reps, duration_s=plan.load_s, ttfb_count=plan.ttfb_count)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "processing.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("ttfb", "variants")}, indent=2))
+    print(f"processing: {target / 'processing.json'}")
+
+
 def main() -> int:
     plan = QUICK if os.environ.get("BENCH_QUICK", "") not in ("", "0") else FULL
     date = datetime.date.today().isoformat()
     target = Path(os.environ.get("BENCH_RESULTS_DIR") or REPO / "bench" / "results" / date)
     only = os.environ.get("BENCH_ONLY", "")
-    if only not in ("", "data_path", "consumers", "publication", "mcp"):
+    if only not in ("", "data_path", "consumers", "processing", "publication", "mcp"):
         print(
-            f"BENCH_ONLY={only!r}: only 'data_path', 'consumers', 'publication' or 'mcp' can run alone",
+            f"BENCH_ONLY={only!r}: only 'data_path', 'consumers', 'processing', 'publication' or 'mcp'"
+            " can run alone",
             file=sys.stderr,
         )
         return 2
     if only == "mcp":
         return mcp_call.main()
+    if only == "processing":
+        with tempfile.TemporaryDirectory(prefix="stoa-bench-") as tmp:
+            run_processing(plan, Path(tmp), target)
+        return 0
     keep = os.environ.get("BENCH_RUN_DIR", "")
     if only in ("data_path", "consumers"):
         with tempfile.TemporaryDirectory(prefix="stoa-bench-") as tmp:
@@ -155,7 +207,7 @@ def main() -> int:
             if keep
             else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="stoa-bench-")))
         )
-        results = run(plan, run_dir, () if only else ("data_path", "consumers", "churn"))
+        results = run(plan, run_dir, () if only else ("data_path", "consumers", "processing", "churn"))
     results = {"date": date, "quick": plan.quick, "environment": report.environment(REPO), **results}
     if only == "publication":
         target.mkdir(parents=True, exist_ok=True)

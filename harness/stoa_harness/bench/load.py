@@ -1,7 +1,7 @@
 """Load through the real load generator, Debian `wrk`: a Lua script rotates request paths and bearer
 tokens (each wrk thread takes its own stride, so N tokens are N distinct tokens to the server), or
-API keys in their header with `credential_header`, and prints wrk's own summary and latency
-percentiles as one JSON line from its `done` hook.
+API keys in their header with `credential_header`, sends an optional JSON body (`POST`), and prints
+wrk's own summary and latency percentiles as one JSON line from its `done` hook.
 
     result = run_wrk(url, paths=["/apis/a/x"], tokens=tokens, connections=32, duration_s=5)
     result.rps, result.p50_ms, result.non_2xx
@@ -32,6 +32,7 @@ end
 local paths, tokens = {}, {}
 local counter, stride = 0, 1
 local header, scheme = "Authorization", "Bearer "
+local body = nil
 function init(args)
   for line in io.lines(args[1]) do paths[#paths + 1] = line end
   if args[2] ~= nil and args[2] ~= "-" then
@@ -40,6 +41,11 @@ function init(args)
   stride = tonumber(args[3])
   -- Another header (an API key's) carries the credential as it is, without a scheme.
   if args[4] ~= nil and args[4] ~= "authorization" then header, scheme = args[4], "" end
+  if args[5] ~= nil and args[5] ~= "-" then
+    local f = io.open(args[5], "rb")
+    body = f:read("*a")
+    f:close()
+  end
   counter = id
 end
 
@@ -48,6 +54,10 @@ function request()
   counter = counter + stride
   local headers = {}
   if #tokens > 0 then headers[header] = scheme .. tokens[(i % #tokens) + 1] end
+  if body ~= nil then
+    headers["Content-Type"] = "application/json"
+    return wrk.format("POST", paths[(i % #paths) + 1], headers, body)
+  end
   return wrk.format("GET", paths[(i % #paths) + 1], headers)
 end
 
@@ -123,6 +133,7 @@ class WrkRun:
         paths: Sequence[str],
         tokens: Sequence[str] = (),
         credential_header: str = "authorization",
+        body: bytes | None = None,
         connections: int,
         duration_s: float,
         threads: int | None = None,
@@ -143,6 +154,11 @@ class WrkRun:
             token_file = folder / "tokens.txt"
             token_file.write_text("\n".join(tokens) + "\n")
             token_arg = str(token_file)
+        body_arg = "-"
+        if body is not None:
+            body_file = folder / "body.json"
+            body_file.write_bytes(body)
+            body_arg = str(body_file)
         argv = [
             wrk_binary(),
             "-t",
@@ -161,6 +177,7 @@ class WrkRun:
             token_arg,
             str(threads),
             credential_header.lower(),
+            body_arg,
         ]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

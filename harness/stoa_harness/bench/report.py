@@ -70,6 +70,15 @@ TARGETS: tuple[tuple[str, str, str, float, str], ...] = (
     ("data_path.authz_floor_ratio", "authz service / no-op Check server", "x", 0.8, "min"),
     ("data_path.added_p50_ms_one_conn", "added p50 at one connection", "ms", 0.5, "max"),
     ("data_path.authz_cpu_us_per_decision", "authz CPU per decision", "µs", 250.0, "max"),
+    ("processing.proc_ratio", "guardrail route (1 KiB JSON) / proxy-only", "x", 0.3, "min"),
+    ("processing.proc_floor_ratio", "guardrail route: stoa-proc / no-op processor", "x", 0.8, "min"),
+    (
+        "processing.proc_stream_ttfb_ratio",
+        "streamed completion: added time to first byte, stoa-proc / no-op processor",
+        "x",
+        1.5,
+        "max",
+    ),
     ("publication.new_route_p99_ms.3000", "new route serving p99 at 3,000 routes", "ms", 150.0, "max"),
     ("publication.full_10000_s", "full publication of 10,000 routes", "s", 1.0, "max"),
     ("publication.one_change_10000_ms", "1-route change at 10,000 routes (SYNCED)", "ms", 200.0, "max"),
@@ -144,6 +153,19 @@ EXPLANATIONS: dict[str, str] = {
     ),
     "data_path.authz_cpu_us_per_decision": (
         "grpcio's server costs ~185 µs per Check before any STOA code runs. Evidence: bench/PROFILE-authz.md."
+    ),
+    "processing.proc_ratio": (
+        "The processing hop is a gRPC stream per request with two messages (headers, buffered body) "
+        "answered by a Python service on the same 2 cores as Envoy, the upstream and wrk (a Python "
+        "hop caps near 0.33); see processing.variants and the no-op processor's own ratio."
+    ),
+    "processing.proc_floor_ratio": (
+        "stoa-proc's own work per exchange (decode, normalise, RE2 patterns, PII candidates, the "
+        "decision log) against a processor that answers prepared messages on the same grpcio server."
+    ),
+    "processing.proc_stream_ttfb_ratio": (
+        "The added time to first byte of a no-op hop is a fraction of a millisecond; stoa-proc adds "
+        "the request inspection and the first event's inspection to it (see the two added times)."
     ),
     "publication.new_route_p99_ms.3000": (
         "Each change re-sends the whole route table (state of the world) and Envoy rebuilds it "
@@ -267,6 +289,15 @@ def summary_markdown(report: dict[str, Any]) -> str:
         )
     if "consumers" in report:
         lines += ["", consumers_markdown(report["consumers"]).rstrip("\n")]
+    proc = report["processing"]
+    lines += [
+        "",
+        f"Processing ({proc['body_bytes']} B JSON body, {proc['connections']} connections,"
+        f" {proc['duration_s']:g} s x {proc['repetitions']} repetitions): guardrail route"
+        f" {proc['proc_ratio']:.2f} x proxy-only, the no-op processor {proc['proc_noop_ratio']:.2f} x;"
+        f" streamed completion at one connection: stoa-proc added {proc['proc_stream_added_ttfb_ms']:.2f} ms"
+        f" to the first byte, the no-op processor {proc['noop_stream_added_ttfb_ms']:.2f} ms.",
+    ]
     pub = report["publication"]
     lines += [
         "",

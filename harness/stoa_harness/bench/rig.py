@@ -1,4 +1,5 @@
-"""The bench rig: the estate (CP + Link + Envoy + stoa-authz) plus what the benchmarks need around it.
+"""The bench rig: the estate (CP + Link + Envoy + stoa-authz + stoa-proc and the fake model) plus
+what the benchmarks need around it.
 
 - A fast upstream: a second Envoy (one worker thread) answering `direct_response` 200 on three
   listeners (backends A, B, C). The Python echo upstream tops out far below Envoy and would make
@@ -194,6 +195,7 @@ class Rig:
             authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE, "STOA_AUTHZ_WORKERS": "1"},
             # The incremental chain (delta xDS, routes by scope) unless BENCH_XDS=sotw.
             link_env={"STOA_LINK_XDS": self.xds},
+            proc=True,
         )
         self.estate = self._stack.enter_context(Estate(options, postgres=pg, run_dir=self.run_dir / "estate"))
         self.estate.admin.create_tenant(TENANT, exist_ok=True)
