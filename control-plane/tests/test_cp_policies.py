@@ -66,6 +66,13 @@ BAD_CONFIGS = [
     ("compression", {"algorithms": ["gzip", "deflate"]}, "config.algorithms[1]"),
     ("compression", {"algorithms": ["br", "br"]}, "config.algorithms"),
     ("compression", {"algorithms": ["br"], "minBytes": -1}, "config.minBytes"),
+    ("token_budget", {"tokens": 100, "windowSeconds": 60}, "config.per"),
+    ("token_budget", {"tokens": 0, "windowSeconds": 60, "per": "tenant"}, "config.tokens"),
+    (
+        "token_budget",
+        {"tokens": 10, "windowSeconds": 60, "per": "tenant", "defaultMaxTokens": 11},
+        "config.defaultMaxTokens",
+    ),
 ]
 
 
@@ -130,6 +137,12 @@ async def test_bad_config_is_422_naming_the_field_and_changes_nothing(
         ),
         # Algorithms in one order whatever the order given; Envoy's default threshold made explicit.
         ("compression", {"algorithms": ["gzip", "zstd"]}, {"algorithms": ["zstd", "gzip"], "minBytes": 30}),
+        # The default reservation made explicit (1024, or the whole budget when smaller).
+        (
+            "token_budget",
+            {"tokens": 500, "windowSeconds": 60, "per": "tenant"},
+            {"tokens": 500, "windowSeconds": 60, "per": "tenant", "defaultMaxTokens": 500},
+        ),
     ],
 )
 async def test_supported_types_are_stored_in_normal_form(api, policy_type, config, stored) -> None:
@@ -164,7 +177,7 @@ async def test_an_unsupported_type_is_422_naming_the_supported_ones(api, policy_
         assert error["field"] == "type"
         assert error["message"] == (
             f"{policy_type!r} is not a supported type "
-            "(supported: cors, rate_limit, ip_filter, guardrails, transform, opa, compression)"
+            "(supported: cors, rate_limit, ip_filter, guardrails, transform, opa, compression, token_budget)"
         )
     assert (await api.admin.get(f"/v1/tenants/{tenant_id}/policies")).json() == []
 

@@ -134,8 +134,8 @@ async def test_stored_policies_are_migrated_or_kept_marked_invalid(cp_factory, l
         }
         assert policies["legacy-cors"]["invalid_reason"] is None
         assert policies["legacy-logging"]["invalid_reason"] == (
-            "'logging' is not a supported policy type (supported: cors, rate_limit, ip_filter, guardrails, "
-            "transform, opa, compression)"
+            "'logging' is not a supported policy type"
+            " (supported: cors, rate_limit, ip_filter, guardrails, transform, opa, compression, token_budget)"
         )
         assert policies["legacy-logging"]["config"] == {"level": "debug"}
         assert (

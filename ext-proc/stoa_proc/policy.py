@@ -12,6 +12,7 @@ from google.protobuf import json_format
 from stoa_ops.policy_sets import KeptVersions
 from stoa_proto import proc_pb2
 
+from stoa_proc.budget import Budget, compile_budget
 from stoa_proc.guardrails import Guardrails, PolicyError, compile_guardrails
 from stoa_proc.transform import Transform, compile_transform
 
@@ -25,6 +26,7 @@ class RoutePolicy:
     api_id: str
     guardrails: Guardrails | None
     transform: Transform | None
+    token_budget: Budget | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +63,14 @@ def compile_policy_set(message: proc_pb2.ProcPolicySet, default_max_body_bytes: 
                 transform = compile_transform(route.transform)
             except PolicyError as exc:
                 raise PolicyError(f"route {route.route_id}: transform: {exc}") from exc
+        token_budget = None
+        if route.HasField("token_budget"):
+            try:
+                token_budget = compile_budget(route.token_budget)
+            except PolicyError as exc:
+                raise PolicyError(f"route {route.route_id}: token_budget: {exc}") from exc
         routes[route.route_id] = RoutePolicy(
-            route.route_id, route.tenant_id, route.api_id, guardrails, transform
+            route.route_id, route.tenant_id, route.api_id, guardrails, transform, token_budget
         )
     return PolicySet(message.version, routes)
 

@@ -3,13 +3,17 @@
 Envoy opens a stream only on routes with a body policy; the route names itself and the policy-set
 version it was built with in the stream's metadata. Request: headers (a declared size over the limit
 is refused at once, before any body is read), then the buffered body (size, decode, inspect,
-redact). Response: headers (a server-sent event stream switches the body to streamed mode), then the
-body, buffered or event by event. Any denial ends the exchange with an immediate response; anything
-unforeseen is a 503, never a pass.
+redact, edit, then reserve tokens). Response: headers (a server-sent event stream switches the body
+to streamed mode), then the body, buffered or event by event (inspect, edit, settle tokens). Any
+denial ends the exchange with an immediate response; anything unforeseen is a 503, never a pass.
+
+A message of an exchange with a token budget may wait on PostgreSQL: it is handled on a worker
+thread, so the event loop keeps serving every other stream meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -24,8 +28,11 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     ProcessingResponse,
 )
 from stoa_ops.logs import DecisionPlace
+from stoa_proto.decisions import CONSUMER_HEADER
+from stoa_quota import Reservation
 
-from stoa_proc import decode, respond
+from stoa_proc import budget, decode, respond
+from stoa_proc.budget import Budgets, StreamUsage
 from stoa_proc.decode import Limits
 from stoa_proc.guardrails import Guardrails
 from stoa_proc.log import DecisionLog
@@ -59,7 +66,15 @@ class Exchange:
     max_ratio: int
     # The body limit when no guardrails policy names one (the service's own).
     max_body_bytes: int
+    budgets: Budgets | None = None
     request_id: str = ""
+    consumer_id: str = ""
+    # The tokens reserved for this exchange (None: no budget, or passed uncounted), and the usage
+    # its response reported; settled once.
+    reservation: Reservation | None = None
+    usage: StreamUsage | None = None
+    used: int | None = None
+    settled: bool = False
     request_type: str = ""
     request_encoding: str = ""
     response_type: str = ""
@@ -71,6 +86,10 @@ class Exchange:
     @property
     def guardrails(self) -> Guardrails | None:
         return self.route.guardrails if self.route else None
+
+    @property
+    def budget(self) -> budget.Budget | None:
+        return self.route.token_budget if self.route else None
 
     def handle(self, request: ProcessingRequest) -> ProcessingResponse:
         phase = request.WhichOneof("request")
@@ -108,24 +127,59 @@ class Exchange:
             raise Deny(self.outcome)
         self.request_type = headers.get("content-type", "")
         self.request_encoding = headers.get("content-encoding", "")
+        # Set by the authorization service (a client's own x-stoa-* headers are stripped at ingress).
+        self.consumer_id = headers.get(CONSUMER_HEADER, "")
         declared = headers.get("content-length", "")
         side = self.side(request=True)
-        reads_body = self.inspects(request=True) is not None or (side is not None and bool(side.json))
+        reads_body = (
+            self.inspects(request=True) is not None
+            or (side is not None and bool(side.json))
+            or self.budget is not None
+        )
         # Refused on the declared size, before Envoy buffers a byte of the body.
         if reads_body and declared.isdigit() and int(declared) > self.limit(request=True):
             raise Deny(Reason.TOO_LARGE)
+        if self.budget is not None and message.end_of_stream:
+            # No body will follow (no body message either): the default is reserved here.
+            self.reserve(self.budget.default_max_tokens)
         return self._headers_answer(request=True)
+
+    def reserve(self, amount: int) -> None:
+        rules = self.budget
+        assert rules is not None
+        assert self.route is not None
+        if rules.per == "consumer" and not self.consumer_id:
+            raise Deny(Reason.NO_CONSUMER)
+        if self.budgets is None:
+            raise Deny(Reason.QUOTA_UNAVAILABLE)
+        self.reservation = self.budgets.reserve(
+            rules, rules.key(self.route.tenant_id, self.consumer_id), amount
+        )
+
+    def settle(self) -> None:
+        """Charge what the response reported instead of the reservation (once); without a report the
+        reservation stands."""
+        if self.settled or self.reservation is None or self.budgets is None:
+            return
+        self.settled = True
+        used = self.usage.total if self.usage is not None else self.used
+        if used is not None:
+            self.budgets.settle(self.reservation, used)
 
     def response_headers(self, message: HttpHeaders) -> ProcessingResponse:
         headers = _headers(message)
         self.response_type = headers.get("content-type", "")
         self.response_encoding = headers.get("content-encoding", "")
         guardrails = self.inspects(request=False)
-        if guardrails and self.response_type.startswith("text/event-stream"):
-            if decode.encodings(self.response_encoding):
+        if self.response_type.startswith("text/event-stream") and (guardrails or self.budget):
+            encoded = bool(decode.encodings(self.response_encoding))
+            if guardrails and encoded:
                 # An encoded event stream cannot be inspected event by event: refused, never passed.
                 raise Deny(Reason.MALFORMED_BODY)
-            self.sse = SseGuard(guardrails)
+            if guardrails:
+                self.sse = SseGuard(guardrails)
+            if self.budget is not None and not encoded:
+                self.usage = StreamUsage()
             return self._headers_answer(request=False, mode_override=_STREAMED_RESPONSE)
         return self._headers_answer(request=False)
 
@@ -145,15 +199,15 @@ class Exchange:
         guardrails = self.inspects(request)
         side = self.side(request)
         edits = side if side is not None and side.json else None
-        if guardrails is None and edits is None:
+        rules = self.budget
+        if not request and (self.usage is not None or self.sse is not None):
+            return self._streamed(data, end_of_stream)
+        if not request and rules is not None and guardrails is None and edits is None:
+            # Read for the usage only: whatever it holds, the answer passes as it is.
+            self._read_usage(data)
             return respond.proceed_body(request)
-        if not request and self.sse is not None:
-            passed = self.sse.feed(data, end_of_stream)
-            if self.sse.denied is not None:
-                self.outcome = self.sse.denied
-            if passed == data:
-                return respond.proceed_body(request)
-            return respond.replace_body(request, passed, whole=False)
+        if guardrails is None and edits is None and rules is None:
+            return respond.proceed_body(request)
         limit = self.limit(request)
         if len(data) > limit:
             raise Deny(Reason.TOO_LARGE)
@@ -161,6 +215,8 @@ class Exchange:
         encoding = self.request_encoding if request else self.response_encoding
         plain = decode.decompress(data, encoding, Limits(limit, self.max_ratio))
         if not plain:
+            if request and rules is not None:
+                self.reserve(rules.default_max_tokens)
             return respond.proceed_body(request)
         is_json = decode.is_json(content_type)
         document: object = None
@@ -192,10 +248,48 @@ class Exchange:
             if document is not None:
                 edited = edits.edit(document)
                 if edited != document:
-                    replaced = dump(edited)
+                    document, replaced = edited, dump(edited)
+        if rules is not None:
+            if request:
+                # Last: what reaches the model (edits included) is what is reserved for, and only
+                # a request every other rule let through reserves anything.
+                if document is None:
+                    document = decode.parse_json(decode.text(plain))
+                self.reserve(budget.requested(document, rules))
+            else:
+                self.used = budget.usage_of(document) if document is not None else None
+                self.settle()
         if replaced is None:
             return respond.proceed_body(request)
         return respond.replace_body(request, replaced, whole=True)
+
+    def _read_usage(self, data: bytes) -> None:
+        """The usage of a buffered answer, when it reports one, then settle (the reservation stands
+        for an answer that is not JSON, not decodable, or without usage)."""
+        try:
+            plain = decode.decompress(
+                data, self.response_encoding, Limits(self.max_body_bytes, self.max_ratio)
+            )
+            self.used = budget.usage_of(decode.parse_json(decode.text(plain)))
+        except Deny:
+            self.used = None
+        self.settle()
+
+    def _streamed(self, data: bytes, end_of_stream: bool) -> ProcessingResponse:
+        """One chunk of a server-sent event stream: usage read from what the model sent, guardrails
+        applied to what passes."""
+        if self.usage is not None:
+            self.usage.feed(data)
+            if end_of_stream:
+                self.settle()
+        if self.sse is None:
+            return respond.proceed_body(request=False)
+        passed = self.sse.feed(data, end_of_stream)
+        if self.sse.denied is not None:
+            self.outcome = self.sse.denied
+        if passed == data:
+            return respond.proceed_body(request=False)
+        return respond.replace_body(request=False, body=passed, whole=False)
 
     def _json_for_edits(self, plain: bytes, is_json: bool, request: bool) -> object:
         """The JSON document JSON edits apply to; a request that is not JSON is 400, a response that
@@ -231,17 +325,23 @@ def _redact_json(document: object, guardrails: Guardrails) -> object:
 
 class ProcessingService(external_processor_pb2_grpc.ExternalProcessorServicer):
     def __init__(
-        self, store: PolicyStore, decisions: DecisionLog, max_ratio: int, max_body_bytes: int
+        self,
+        store: PolicyStore,
+        decisions: DecisionLog,
+        max_ratio: int,
+        max_body_bytes: int,
+        budgets: Budgets | None = None,
     ) -> None:
         self._store = store
         self._decisions = decisions
         self._max_ratio = max_ratio
         self._max_body_bytes = max_body_bytes
+        self._budgets = budgets
 
     def open(self, metadata: dict[str, str]) -> Exchange:
         version = metadata.get(VERSION_METADATA, "")
         policy_set = self._store.get(version)
-        exchange = Exchange(None, version, self._max_ratio, self._max_body_bytes)
+        exchange = Exchange(None, version, self._max_ratio, self._max_body_bytes, self._budgets)
         if policy_set is None:
             exchange.outcome = Reason.POLICY_UNAVAILABLE
             return exchange
@@ -257,15 +357,20 @@ class ProcessingService(external_processor_pb2_grpc.ExternalProcessorServicer):
     ) -> AsyncIterator[ProcessingResponse]:
         metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
         exchange = self.open(metadata)
+        # An exchange that may wait on the quota store is handled off the event loop.
+        blocking = exchange.budget is not None
         phase = ""
         try:
             async for request in request_iterator:
                 phase = request.WhichOneof("request") or ""
                 try:
-                    response = exchange.handle(request)
+                    if blocking:
+                        response = await asyncio.to_thread(exchange.handle, request)
+                    else:
+                        response = exchange.handle(request)
                 except Deny as deny:
                     exchange.outcome = deny.reason
-                    yield respond.immediate(deny.reason, deny.path)
+                    yield respond.immediate(deny.reason, deny.path, deny.retry_after)
                     return
                 except Exception:
                     log.exception("processing_failed", extra={"phase": phase})
@@ -274,6 +379,10 @@ class ProcessingService(external_processor_pb2_grpc.ExternalProcessorServicer):
                     return
                 yield response
         finally:
+            if blocking and not exchange.settled:
+                # Ended before the response was complete (the client went away mid-stream): a usage
+                # already reported is charged, otherwise the reservation stands whole.
+                await asyncio.to_thread(exchange.settle)
             # One event per exchange, also when the client went away mid-stream.
             self._record(exchange, phase)
 

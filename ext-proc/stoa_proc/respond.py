@@ -41,10 +41,12 @@ def body_of(reason: Reason, path: str | None = None) -> bytes:
     return PROC_BODIES.get(reason.value) or DENY_BODIES[DENIAL_STATUS[reason]]
 
 
-def immediate(reason: Reason, path: str | None = None) -> ProcessingResponse:
+def immediate(reason: Reason, path: str | None = None, retry_after: int | None = None) -> ProcessingResponse:
     status = DENIAL_STATUS[reason]
     headers = [_header("content-type", CONTENT_TYPE)]
-    if status == 503:
+    if retry_after is not None:
+        headers.append(_header("retry-after", str(retry_after)))
+    elif status == 503:
         headers.append(_header("retry-after", RETRY_AFTER_S))
     return ProcessingResponse(
         immediate_response=ImmediateResponse(

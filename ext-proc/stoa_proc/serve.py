@@ -14,8 +14,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from grpc_health.v1 import health_pb2_grpc
 from stoa_ops.endpoint import OperatorEndpoint
 from stoa_ops.lifecycle import run_until_stopped, stop_on_signals
+from stoa_quota import QuotaStore, TokenCounter
 
 from stoa_proc.ads import subscribe
+from stoa_proc.budget import Budgets
 from stoa_proc.health import ProcCollector, Readiness
 from stoa_proc.log import DecisionLog
 from stoa_proc.policy import PolicyStore
@@ -35,8 +37,16 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     server = grpc.aio.server(
         options=[("grpc.max_receive_message_length", 2 * settings.max_body_bytes + 65536)]
     )
+    quota_store = None
+    if settings.database_url:
+        # Connects in the background: a database down at start-up delays nothing (budgets fail).
+        quota_store = QuotaStore(
+            settings.database_url, max_size=settings.quota_pool_size, timeout_s=settings.quota_timeout_s
+        ).open(wait_s=None)
+    budgets = Budgets(TokenCounter(quota_store) if quota_store else None, settings.budget_degraded_s)
     external_processor_pb2_grpc.add_ExternalProcessorServicer_to_server(
-        ProcessingService(store, decisions, settings.max_inflate_ratio, settings.max_body_bytes), server
+        ProcessingService(store, decisions, settings.max_inflate_ratio, settings.max_body_bytes, budgets),
+        server,
     )
     health_pb2_grpc.add_HealthServicer_to_server(readiness.grpc, server)
     if not server.add_insecure_port(settings.grpc_address):
@@ -59,3 +69,5 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await run_until_stopped(stop, subscription, http, log, started)
     finally:
         await server.stop(grace=1)
+        if quota_store is not None:
+            quota_store.close()

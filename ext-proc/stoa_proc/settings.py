@@ -22,6 +22,15 @@ class Settings(SiteSettings):
     max_body_bytes: int = Field(default=1024 * 1024, ge=1)
     # A compressed body may expand at most this many times when decoded for inspection.
     max_inflate_ratio: int = Field(default=100, ge=1)
+    # PostgreSQL of the token budgets' counters (the quota store, a libpq URL); without it every
+    # request on a route with a token budget is refused (quota_unavailable). Never logged.
+    database_url: str = ""
+    # Longest wait for a connection or a reservation; past it the store counts as unreachable.
+    quota_timeout_s: float = Field(default=0.5, gt=0, le=10)
+    quota_pool_size: int = Field(default=8, ge=1, le=64)
+    # While the store is unreachable, requests under a non-billed budget pass uncounted for at most
+    # this long; then they are refused (billed budgets are refused at once).
+    budget_degraded_s: float = Field(default=5.0, ge=0)
 
 
 def check(settings: Settings) -> list[str]:
@@ -29,4 +38,6 @@ def check(settings: Settings) -> list[str]:
     refused, warnings = settings.site_checks()
     if refused:
         raise ConfigError("refusing to start in production: " + "; ".join(refused))
+    if not settings.database_url:
+        warnings.append("STOA_PROC_DATABASE_URL is not set: routes with a token budget are refused")
     return warnings

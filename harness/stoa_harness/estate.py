@@ -223,7 +223,7 @@ class Estate(Lifecycle):
             link_env=self.options.link_env,
             authz_env={"STOA_AUTHZ_DATABASE_URL": self.database_url, **self.options.authz_env},
             proc=self.options.proc,
-            proc_env=self.options.proc_env,
+            proc_env={"STOA_PROC_DATABASE_URL": self.database_url, **self.options.proc_env},
             mcp_env={
                 "STOA_MCP_TRUSTED_KEYS": str(self.trusted_keys),
                 # MCP budgets are counted in the estate's PostgreSQL (the quota store).

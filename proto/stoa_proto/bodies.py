@@ -26,6 +26,7 @@ PROC_BODIES: dict[str, bytes] = {
     "too_large": b'{"error":"payload_too_large","message":"The body is larger than allowed."}',
     "guardrail_blocked": b'{"error":"guardrail_blocked","message":"The content was refused by a policy."}',
     "malformed_body": DENY_BODIES[400],
+    "token_budget_exceeded": b'{"error":"token_budget_exceeded","message":"The token budget is used up."}',
 }
 SCHEMA_ERROR = "schema_invalid"
 SCHEMA_MESSAGE = "The request body does not match the expected schema."

@@ -108,7 +108,7 @@ class Subscription(_message.Message):
     def __init__(self, tenant_id: _Optional[str] = ..., subscription_id: _Optional[str] = ..., consumer_id: _Optional[str] = ..., api_id: _Optional[str] = ..., plan_id: _Optional[str] = ..., active: _Optional[bool] = ..., requests: _Optional[int] = ..., window_seconds: _Optional[int] = ..., billed: _Optional[bool] = ...) -> None: ...
 
 class Policy(_message.Message):
-    __slots__ = ("policy_id", "type", "scope", "targets", "tenant_id", "applicable", "cors", "rate_limit", "ip_filter", "compression", "guardrails", "transform", "opa")
+    __slots__ = ("policy_id", "type", "scope", "targets", "tenant_id", "applicable", "cors", "rate_limit", "ip_filter", "compression", "guardrails", "transform", "token_budget", "opa")
     POLICY_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,7 @@ class Policy(_message.Message):
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     GUARDRAILS_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     OPA_FIELD_NUMBER: _ClassVar[int]
     policy_id: str
     type: str
@@ -134,8 +135,9 @@ class Policy(_message.Message):
     compression: CompressionPolicy
     guardrails: _proc_pb2.Guardrails
     transform: _proc_pb2.Transform
+    token_budget: _proc_pb2.TokenBudget
     opa: OpaPolicy
-    def __init__(self, policy_id: _Optional[str] = ..., type: _Optional[str] = ..., scope: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., tenant_id: _Optional[str] = ..., applicable: _Optional[_Iterable[str]] = ..., cors: _Optional[_Union[CorsPolicy, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimitPolicy, _Mapping]] = ..., ip_filter: _Optional[_Union[IpFilterPolicy, _Mapping]] = ..., compression: _Optional[_Union[CompressionPolicy, _Mapping]] = ..., guardrails: _Optional[_Union[_proc_pb2.Guardrails, _Mapping]] = ..., transform: _Optional[_Union[_proc_pb2.Transform, _Mapping]] = ..., opa: _Optional[_Union[OpaPolicy, _Mapping]] = ...) -> None: ...
+    def __init__(self, policy_id: _Optional[str] = ..., type: _Optional[str] = ..., scope: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., tenant_id: _Optional[str] = ..., applicable: _Optional[_Iterable[str]] = ..., cors: _Optional[_Union[CorsPolicy, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimitPolicy, _Mapping]] = ..., ip_filter: _Optional[_Union[IpFilterPolicy, _Mapping]] = ..., compression: _Optional[_Union[CompressionPolicy, _Mapping]] = ..., guardrails: _Optional[_Union[_proc_pb2.Guardrails, _Mapping]] = ..., transform: _Optional[_Union[_proc_pb2.Transform, _Mapping]] = ..., token_budget: _Optional[_Union[_proc_pb2.TokenBudget, _Mapping]] = ..., opa: _Optional[_Union[OpaPolicy, _Mapping]] = ...) -> None: ...
 
 class CorsPolicy(_message.Message):
     __slots__ = ("allowed_origins", "allowed_methods", "allowed_headers", "expose_headers", "max_age", "allow_credentials")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15stoa_proto/proc.proto\x12\x0cstoa.proc.v1\x1a\x1cgoogle/protobuf/struct.proto\"(\n\x07PiiRule\x12\r\n\x05kinds\x18\x01 \x03(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\"\xa1\x01\n\nGuardrails\x12\x11\n\tdirection\x18\x01 \x01(\t\x12\x16\n\x0emax_body_bytes\x18\x02 \x01(\r\x12\x16\n\x0e\x62lock_patterns\x18\x03 \x03(\t\x12\"\n\x03pii\x18\x04 \x01(\x0b\x32\x15.stoa.proc.v1.PiiRule\x12,\n\x0bjson_schema\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\"z\n\x0bHeaderEdits\x12/\n\x03set\x18\x01 \x03(\x0b\x32\".stoa.proc.v1.HeaderEdits.SetEntry\x12\x0e\n\x06remove\x18\x02 \x03(\t\x1a*\n\x08SetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"W\n\x08JsonEdit\x12\n\n\x02op\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12%\n\x05value\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\n\n\x02to\x18\x04 \x01(\t\"a\n\rTransformSide\x12*\n\x07headers\x18\x01 \x01(\x0b\x32\x19.stoa.proc.v1.HeaderEdits\x12$\n\x04json\x18\x02 \x03(\x0b\x32\x16.stoa.proc.v1.JsonEdit\"h\n\tTransform\x12,\n\x07request\x18\x01 \x01(\x0b\x32\x1b.stoa.proc.v1.TransformSide\x12-\n\x08response\x18\x02 \x01(\x0b\x32\x1b.stoa.proc.v1.TransformSide\"\x9a\x01\n\tProcRoute\x12\x10\n\x08route_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61pi_id\x18\x03 \x01(\t\x12,\n\nguardrails\x18\x14 \x01(\x0b\x32\x18.stoa.proc.v1.Guardrails\x12*\n\ttransform\x18\x15 \x01(\x0b\x32\x17.stoa.proc.v1.Transform\"\x7f\n\rProcPolicySet\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\ngateway_id\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x03\x12\'\n\x06routes\x18\x05 \x03(\x0b\x32\x17.stoa.proc.v1.ProcRouteb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15stoa_proto/proc.proto\x12\x0cstoa.proc.v1\x1a\x1cgoogle/protobuf/struct.proto\"(\n\x07PiiRule\x12\r\n\x05kinds\x18\x01 \x03(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\"\xa1\x01\n\nGuardrails\x12\x11\n\tdirection\x18\x01 \x01(\t\x12\x16\n\x0emax_body_bytes\x18\x02 \x01(\r\x12\x16\n\x0e\x62lock_patterns\x18\x03 \x03(\t\x12\"\n\x03pii\x18\x04 \x01(\x0b\x32\x15.stoa.proc.v1.PiiRule\x12,\n\x0bjson_schema\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\"z\n\x0bHeaderEdits\x12/\n\x03set\x18\x01 \x03(\x0b\x32\".stoa.proc.v1.HeaderEdits.SetEntry\x12\x0e\n\x06remove\x18\x02 \x03(\t\x1a*\n\x08SetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"W\n\x08JsonEdit\x12\n\n\x02op\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12%\n\x05value\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\n\n\x02to\x18\x04 \x01(\t\"a\n\rTransformSide\x12*\n\x07headers\x18\x01 \x01(\x0b\x32\x19.stoa.proc.v1.HeaderEdits\x12$\n\x04json\x18\x02 \x03(\x0b\x32\x16.stoa.proc.v1.JsonEdit\"h\n\tTransform\x12,\n\x07request\x18\x01 \x01(\x0b\x32\x1b.stoa.proc.v1.TransformSide\x12-\n\x08response\x18\x02 \x01(\x0b\x32\x1b.stoa.proc.v1.TransformSide\"n\n\x0bTokenBudget\x12\x0e\n\x06tokens\x18\x01 \x01(\r\x12\x16\n\x0ewindow_seconds\x18\x02 \x01(\r\x12\x0e\n\x06\x62illed\x18\x03 \x01(\x08\x12\x0b\n\x03per\x18\x04 \x01(\t\x12\x1a\n\x12\x64\x65\x66\x61ult_max_tokens\x18\x05 \x01(\r\"O\n\x0fTokenBudgetRule\x12\x11\n\tpolicy_id\x18\x01 \x01(\t\x12)\n\x06\x62udget\x18\x02 \x01(\x0b\x32\x19.stoa.proc.v1.TokenBudget\"\xcf\x01\n\tProcRoute\x12\x10\n\x08route_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61pi_id\x18\x03 \x01(\t\x12,\n\nguardrails\x18\x14 \x01(\x0b\x32\x18.stoa.proc.v1.Guardrails\x12*\n\ttransform\x18\x15 \x01(\x0b\x32\x17.stoa.proc.v1.Transform\x12\x33\n\x0ctoken_budget\x18\x16 \x01(\x0b\x32\x1d.stoa.proc.v1.TokenBudgetRule\"\x7f\n\rProcPolicySet\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x12\n\ngateway_id\x18\x03 \x01(\t\x12\x12\n\ngeneration\x18\x04 \x01(\x03\x12\'\n\x06routes\x18\x05 \x03(\x0b\x32\x17.stoa.proc.v1.ProcRouteb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,8 +48,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRANSFORMSIDE']._serialized_end=585
   _globals['_TRANSFORM']._serialized_start=587
   _globals['_TRANSFORM']._serialized_end=691
-  _globals['_PROCROUTE']._serialized_start=694
-  _globals['_PROCROUTE']._serialized_end=848
-  _globals['_PROCPOLICYSET']._serialized_start=850
-  _globals['_PROCPOLICYSET']._serialized_end=977
+  _globals['_TOKENBUDGET']._serialized_start=693
+  _globals['_TOKENBUDGET']._serialized_end=803
+  _globals['_TOKENBUDGETRULE']._serialized_start=805
+  _globals['_TOKENBUDGETRULE']._serialized_end=884
+  _globals['_PROCROUTE']._serialized_start=887
+  _globals['_PROCROUTE']._serialized_end=1094
+  _globals['_PROCPOLICYSET']._serialized_start=1096
+  _globals['_PROCPOLICYSET']._serialized_end=1223
 # @@protoc_insertion_point(module_scope)

@@ -72,19 +72,43 @@ class Transform(_message.Message):
     response: TransformSide
     def __init__(self, request: _Optional[_Union[TransformSide, _Mapping]] = ..., response: _Optional[_Union[TransformSide, _Mapping]] = ...) -> None: ...
 
+class TokenBudget(_message.Message):
+    __slots__ = ("tokens", "window_seconds", "billed", "per", "default_max_tokens")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BILLED_FIELD_NUMBER: _ClassVar[int]
+    PER_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    window_seconds: int
+    billed: bool
+    per: str
+    default_max_tokens: int
+    def __init__(self, tokens: _Optional[int] = ..., window_seconds: _Optional[int] = ..., billed: _Optional[bool] = ..., per: _Optional[str] = ..., default_max_tokens: _Optional[int] = ...) -> None: ...
+
+class TokenBudgetRule(_message.Message):
+    __slots__ = ("policy_id", "budget")
+    POLICY_ID_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    policy_id: str
+    budget: TokenBudget
+    def __init__(self, policy_id: _Optional[str] = ..., budget: _Optional[_Union[TokenBudget, _Mapping]] = ...) -> None: ...
+
 class ProcRoute(_message.Message):
-    __slots__ = ("route_id", "tenant_id", "api_id", "guardrails", "transform")
+    __slots__ = ("route_id", "tenant_id", "api_id", "guardrails", "transform", "token_budget")
     ROUTE_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_ID_FIELD_NUMBER: _ClassVar[int]
     API_ID_FIELD_NUMBER: _ClassVar[int]
     GUARDRAILS_FIELD_NUMBER: _ClassVar[int]
     TRANSFORM_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     route_id: str
     tenant_id: str
     api_id: str
     guardrails: Guardrails
     transform: Transform
-    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., guardrails: _Optional[_Union[Guardrails, _Mapping]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ...) -> None: ...
+    token_budget: TokenBudgetRule
+    def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., guardrails: _Optional[_Union[Guardrails, _Mapping]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., token_budget: _Optional[_Union[TokenBudgetRule, _Mapping]] = ...) -> None: ...
 
 class ProcPolicySet(_message.Message):
     __slots__ = ("name", "version", "gateway_id", "generation", "routes")

@@ -6,6 +6,7 @@
 - `BatchedCounter`: counted in process and flushed to PostgreSQL in batches (so worker processes and
   instances share one count); while PostgreSQL cannot be reached it serves a bounded overshoot for a
   bounded time, then raises `QuotaUnavailable`.
+- `TokenCounter`: amounts (tokens) reserved atomically before the work, settled after it.
 
 Windows are fixed and aligned on the epoch (`window_seconds` apart), so every instance counts into the
 same window and a denial knows when its window resets (`Outcome.reset_s`, the `Retry-After`).
@@ -17,6 +18,7 @@ from stoa_quota.batched import BatchedCounter, DegradedMode
 from stoa_quota.billed import BilledCounter
 from stoa_quota.fields import rate_limit_fields
 from stoa_quota.store import Outcome, QuotaStore, QuotaUnavailable, Window
+from stoa_quota.tokens import Reservation, TokenCounter
 
 __all__ = [
     "BatchedCounter",
@@ -25,6 +27,8 @@ __all__ = [
     "Outcome",
     "QuotaStore",
     "QuotaUnavailable",
+    "Reservation",
+    "TokenCounter",
     "Window",
     "rate_limit_fields",
 ]

@@ -12,11 +12,20 @@ from typing import Any
 from google.protobuf import message
 
 from stoa_translate.filters import EXT_PROC_FILTER
-from stoa_translate.policies import compression, cors, guardrails, ip_filter, opa, rate_limit, transform
+from stoa_translate.policies import (
+    compression,
+    cors,
+    guardrails,
+    ip_filter,
+    opa,
+    rate_limit,
+    token_budget,
+    transform,
+)
 from stoa_translate.policies.kind import ConfigError, PolicyKind, config_json, read_config
 from stoa_translate.policies.limits import DEFAULT_LIMITS, ListLimits
 
-_ALL = (cors, rate_limit, ip_filter, guardrails, transform, opa, compression)
+_ALL = (cors, rate_limit, ip_filter, guardrails, transform, opa, compression, token_budget)
 KINDS: dict[str, PolicyKind] = {module.KIND.name: module.KIND for module in _ALL}
 SUPPORTED_KINDS: tuple[str, ...] = tuple(KINDS)
 # The kinds the processing service enforces: a route with one of them gets a processing stream.

@@ -1,0 +1,165 @@
+"""Phase 2, token budget: tokens reserved before a completion goes upstream, settled from its usage.
+
+The reservation is the request's `max_tokens` (or `max_completion_tokens`, else the policy's default),
+taken atomically in the quota store (`stoa_quota.TokenCounter`, PostgreSQL) only while it fits in the
+window's budget: a parallel burst can never commit more than the budget. The response settles it
+from `usage.total_tokens` (a buffered JSON answer, or the final chunk of a server-sent event stream
+with `stream_options.include_usage`); a missing, negative or malformed usage, an answer that never
+completes, or a client that goes away mid-stream leaves the reservation charged whole.
+
+Counts are per consumer (the id the authorization service set, `x-stoa-consumer-id`; a request
+without one is refused) or per tenant, under the policy id, so every route of one policy shares them.
+Billed budgets fail closed (no count, no access: 503); others pass uncounted while PostgreSQL cannot
+be reached, for at most `STOA_PROC_BUDGET_DEGRADED_S` seconds, then are refused as well.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stoa_proto import proc_pb2
+from stoa_quota import QuotaUnavailable, Reservation, TokenCounter
+
+from stoa_proc.guardrails import PolicyError
+from stoa_proc.reasons import Deny, Reason
+
+log = logging.getLogger("stoa_proc.budget")
+
+PER = ("consumer", "tenant")
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+# A stream's usage chunk is small: a pending partial event larger than this is not one.
+_MAX_PENDING = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    policy_id: str
+    tokens: int
+    window_seconds: int
+    billed: bool
+    per: str
+    default_max_tokens: int
+
+    def key(self, tenant_id: str, consumer_id: str) -> str:
+        owner = f"consumer/{consumer_id}" if self.per == "consumer" else "tenant"
+        return f"token_budget/{tenant_id}/{self.policy_id}/{owner}"
+
+
+def compile_budget(rule: proc_pb2.TokenBudgetRule) -> Budget:
+    b = rule.budget
+    if not rule.policy_id or b.tokens < 1 or b.window_seconds < 1 or b.per not in PER:
+        raise PolicyError("needs a policy id, tokens, windowSeconds and per (consumer or tenant)")
+    if not 1 <= b.default_max_tokens <= b.tokens:
+        raise PolicyError("defaultMaxTokens must be from 1 to tokens")
+    return Budget(rule.policy_id, b.tokens, b.window_seconds, b.billed, b.per, b.default_max_tokens)
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def requested(document: Any, budget: Budget) -> int:
+    """The tokens to reserve for this request body; 400 for a limit that is not a positive integer."""
+    if not isinstance(document, dict):
+        raise Deny(Reason.MALFORMED_BODY)
+    for name in ("max_completion_tokens", "max_tokens"):
+        if name in document and document[name] is not None:
+            if not _positive_int(document[name]):
+                raise Deny(Reason.MALFORMED_BODY)
+            return int(document[name])
+    return budget.default_max_tokens
+
+
+def usage_of(document: Any) -> int | None:
+    """`usage.total_tokens` of a completion (or of a stream's chunk) when it is a whole number ≥ 0."""
+    usage = document.get("usage") if isinstance(document, dict) else None
+    total = usage.get("total_tokens") if isinstance(usage, dict) else None
+    if isinstance(total, int) and not isinstance(total, bool) and total >= 0:
+        return total
+    return None
+
+
+class StreamUsage:
+    """Reads the usage a server-sent event stream reports (its last report wins), event by event."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self.total: int | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        data = self._pending + chunk
+        start = 0
+        while (found := _EVENT_END.search(data, start)) is not None:
+            self._event(data[start : found.start()])
+            start = found.end()
+        self._pending = data[start:][-_MAX_PENDING:]
+
+    def _event(self, event: bytes) -> None:
+        if b"usage" not in event:
+            return
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                try:
+                    total = usage_of(json.loads(line[5:]))
+                except (ValueError, RecursionError):
+                    continue
+                if total is not None:
+                    self.total = total
+
+
+class Budgets:
+    """The service's side of every budget: the counter (None without a quota database) and the
+    degraded mode of non-billed budgets."""
+
+    def __init__(
+        self,
+        counter: TokenCounter | None,
+        degraded_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._counter = counter
+        self._degraded_s = degraded_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._failing_since: float | None = None
+
+    def reserve(self, budget: Budget, key: str, amount: int) -> Reservation | None:
+        """The reservation, or None for a non-billed request passed uncounted while the store is
+        unreachable; Deny 429 (Retry-After: the window's reset) or 503."""
+        if self._counter is None:
+            raise Deny(Reason.QUOTA_UNAVAILABLE)
+        try:
+            reservation = self._counter.reserve(key, amount, budget.tokens, budget.window_seconds)
+        except QuotaUnavailable as exc:
+            return self._unreachable(budget, exc)
+        with self._lock:
+            self._failing_since = None
+        if not reservation.allowed:
+            raise Deny(Reason.TOKEN_BUDGET_EXCEEDED, retry_after=reservation.outcome.reset_s)
+        return reservation
+
+    def _unreachable(self, budget: Budget, exc: QuotaUnavailable) -> None:
+        now = self._clock()
+        with self._lock:
+            if self._failing_since is None:
+                self._failing_since = now
+                log.warning("quota_store_unreachable", extra={"fields": {"error": str(exc)}})
+            degraded_for = now - self._failing_since
+        if budget.billed or degraded_for > self._degraded_s:
+            raise Deny(Reason.QUOTA_UNAVAILABLE) from exc
+        return None
+
+    def settle(self, reservation: Reservation, used: int) -> None:
+        assert self._counter is not None  # a reservation exists only with a counter
+        try:
+            self._counter.settle(reservation, used)
+        except QuotaUnavailable as exc:
+            # The reservation stays charged whole: never less than what was reserved.
+            log.warning("settlement_failed_reservation_stands", extra={"fields": {"error": str(exc)}})

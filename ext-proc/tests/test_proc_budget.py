@@ -1,0 +1,79 @@
+"""The token-budget phase on its own: what is reserved for a request, which usage settles, a stream's
+usage found across chunk boundaries, and the failure modes of billed and non-billed budgets."""
+
+from __future__ import annotations
+
+import pytest
+from stoa_proc.budget import Budget, Budgets, StreamUsage, requested, usage_of
+from stoa_proc.reasons import Deny, Reason
+from stoa_quota import Outcome, QuotaUnavailable, Reservation, Window
+
+BUDGET = Budget("p", tokens=100, window_seconds=60, billed=True, per="tenant", default_max_tokens=16)
+
+
+def test_reservation_of_a_request() -> None:
+    assert requested({"max_tokens": 40}, BUDGET) == 40
+    assert requested({"max_completion_tokens": 30, "max_tokens": 40}, BUDGET) == 30
+    assert requested({"messages": []}, BUDGET) == 16
+    assert requested({"max_tokens": None}, BUDGET) == 16
+    for bad in ({"max_tokens": 0}, {"max_tokens": -1}, {"max_tokens": 2.5}, {"max_tokens": True}, []):
+        with pytest.raises(Deny) as denied:
+            requested(bad, BUDGET)
+        assert denied.value.reason is Reason.MALFORMED_BODY
+
+
+def test_usage_that_settles() -> None:
+    assert usage_of({"usage": {"total_tokens": 12}}) == 12
+    assert usage_of({"usage": {"total_tokens": 0}}) == 0
+    for unusable in (
+        {"usage": {"total_tokens": -1}},
+        {"usage": {"prompt_tokens": 3}},
+        {"usage": None},
+        [],
+        {},
+    ):
+        assert usage_of(unusable) is None
+    assert usage_of({"usage": {"total_tokens": True}}) is None
+
+
+def test_a_stream_usage_split_across_chunks() -> None:
+    reader = StreamUsage()
+    event = b'data: {"choices":[],"usage":{"total_tokens":42}}\n\n'
+    reader.feed(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n' + event[:20])
+    assert reader.total is None
+    reader.feed(event[20:] + b"data: [DONE]\n\n")
+    assert reader.total == 42
+
+
+class Counter:
+    def __init__(self, fail: bool = False, fits: bool = True) -> None:
+        self.fail = fail
+        self.fits = fits
+
+    def reserve(self, key: str, amount: int, limit: int, window_seconds: int) -> Reservation:
+        if self.fail:
+            raise QuotaUnavailable("down")
+        return Reservation(key, amount, Outcome(self.fits, limit, 0, Window(window_seconds, 1, 7.2)))
+
+
+def test_exhausted_is_429_with_the_window_reset() -> None:
+    budgets = Budgets(Counter(fits=False), degraded_s=5)  # type: ignore[arg-type]
+    with pytest.raises(Deny) as denied:
+        budgets.reserve(BUDGET, "k", 10)
+    assert (denied.value.reason, denied.value.retry_after) == (Reason.TOKEN_BUDGET_EXCEEDED, 8)
+
+
+def test_store_unreachable_billed_at_once_non_billed_after_the_degraded_time() -> None:
+    now = [100.0]
+    budgets = Budgets(Counter(fail=True), degraded_s=5, clock=lambda: now[0])  # type: ignore[arg-type]
+    with pytest.raises(Deny) as denied:
+        budgets.reserve(BUDGET, "k", 10)
+    assert denied.value.reason is Reason.QUOTA_UNAVAILABLE
+    lax = Budget("q", 100, 60, billed=False, per="tenant", default_max_tokens=16)
+    assert budgets.reserve(lax, "k", 10) is None  # passed uncounted
+    now[0] += 6
+    with pytest.raises(Deny):
+        budgets.reserve(lax, "k", 10)
+    with pytest.raises(Deny) as none:
+        Budgets(None, degraded_s=5).reserve(lax, "k", 10)
+    assert none.value.reason is Reason.QUOTA_UNAVAILABLE

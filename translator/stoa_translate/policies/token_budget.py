@@ -1,0 +1,92 @@
+"""token_budget → the processing service (`envoy.filters.http.ext_proc`): tokens of OpenAI-compatible
+chat completions counted per consumer or per tenant and window, in the quota store (PostgreSQL).
+
+The route sends the service the buffered request body (to read `max_tokens`, reserved before the
+request goes upstream) and the response (to settle from its `usage`; the service switches a
+server-sent event stream to streamed mode itself). The rules travel in the service's policy set with
+the policy id (`stoa.proc.v1.TokenBudgetRule`): every route under one policy shares its counters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from stoa_proto import proc_pb2
+
+from stoa_translate.filters import EXT_PROC_FILTER, PROC_ROUTE_METADATA, ext_proc_filter
+from stoa_translate.policies.kind import ConfigError, PolicyKind
+
+PER = ("consumer", "tenant")
+# Reserved for a request without max_tokens when the policy names no default.
+DEFAULT_MAX_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    policy_id: str
+    tokens: int
+    window_seconds: int
+    billed: bool
+    per: str
+    default_max_tokens: int
+
+    @property
+    def request_buffer_bytes(self) -> int:
+        # The request body is read whole (its max_tokens), at the default body limit.
+        return 0
+
+    def config(self) -> proc_pb2.TokenBudget:
+        return proc_pb2.TokenBudget(
+            tokens=self.tokens,
+            window_seconds=self.window_seconds,
+            billed=self.billed,
+            per=self.per,
+            default_max_tokens=self.default_max_tokens,
+        )
+
+    def message(self) -> proc_pb2.TokenBudgetRule:
+        return proc_pb2.TokenBudgetRule(policy_id=self.policy_id, budget=self.config())
+
+
+def parse(policy_id: str, config: proc_pb2.TokenBudget) -> TokenBudget:
+    if config.tokens < 1:
+        raise ConfigError("tokens", "is required: a whole number of at least 1")
+    if config.window_seconds < 1:
+        raise ConfigError("windowSeconds", "is required: a whole number of at least 1")
+    if config.per not in PER:
+        raise ConfigError("per", f"is required: one of {', '.join(PER)}")
+    default = config.default_max_tokens or min(DEFAULT_MAX_TOKENS, config.tokens)
+    if default > config.tokens:
+        raise ConfigError("defaultMaxTokens", "must not exceed tokens (such a reservation never fits)")
+    return TokenBudget(policy_id, config.tokens, config.window_seconds, config.billed, config.per, default)
+
+
+def normalised(budget: TokenBudget) -> proc_pb2.TokenBudget:
+    return budget.config()
+
+
+PROCESSING_MODE = ProcessingMode(
+    request_header_mode=ProcessingMode.SEND,
+    request_body_mode=ProcessingMode.BUFFERED,
+    response_header_mode=ProcessingMode.SEND,
+    response_body_mode=ProcessingMode.BUFFERED,
+    request_trailer_mode=ProcessingMode.SKIP,
+    response_trailer_mode=ProcessingMode.SKIP,
+)
+
+
+def route_config(route_id: str, budget: TokenBudget) -> ext_proc_pb2.ExtProcPerRoute:
+    return ext_proc_pb2.ExtProcPerRoute(
+        overrides=ext_proc_pb2.ExtProcOverrides(
+            processing_mode=PROCESSING_MODE,
+            grpc_initial_metadata=[base_pb2.HeaderValue(key=PROC_ROUTE_METADATA, value=route_id)],
+        )
+    )
+
+
+KIND = PolicyKind(
+    "token_budget", EXT_PROC_FILTER, proc_pb2.TokenBudget, parse, normalised, ext_proc_filter, route_config
+)
