@@ -75,6 +75,8 @@ class Exchange:
     usage: StreamUsage | None = None
     used: int | None = None
     settled: bool = False
+    # The response body comes chunk by chunk (a server-sent event stream switched to streamed mode).
+    streamed_response: bool = False
     request_type: str = ""
     request_encoding: str = ""
     response_type: str = ""
@@ -179,7 +181,8 @@ class Exchange:
             if guardrails:
                 self.sse = SseGuard(guardrails)
             if self.budget is not None and not encoded:
-                self.usage = StreamUsage()
+                self.usage = StreamUsage()  # an encoded stream reports no readable usage
+            self.streamed_response = True
             return self._headers_answer(request=False, mode_override=_STREAMED_RESPONSE)
         return self._headers_answer(request=False)
 
@@ -200,7 +203,7 @@ class Exchange:
         side = self.side(request)
         edits = side if side is not None and side.json else None
         rules = self.budget
-        if not request and (self.usage is not None or self.sse is not None):
+        if not request and self.streamed_response:
             return self._streamed(data, end_of_stream)
         if not request and rules is not None and guardrails is None and edits is None:
             # Read for the usage only: whatever it holds, the answer passes as it is.
@@ -379,12 +382,15 @@ class ProcessingService(external_processor_pb2_grpc.ExternalProcessorServicer):
                     return
                 yield response
         finally:
-            if blocking and not exchange.settled:
-                # Ended before the response was complete (the client went away mid-stream): a usage
-                # already reported is charged, otherwise the reservation stands whole.
-                await asyncio.to_thread(exchange.settle)
-            # One event per exchange, also when the client went away mid-stream.
-            self._record(exchange, phase)
+            try:
+                if blocking and not exchange.settled:
+                    # Ended before the response was complete (the client went away mid-stream): a
+                    # usage already reported is charged, otherwise the reservation stands whole. The
+                    # stream may be cancelled again meanwhile: the settlement's thread runs on.
+                    await asyncio.shield(asyncio.to_thread(exchange.settle))
+            finally:
+                # One event per exchange, also when the client went away mid-stream.
+                self._record(exchange, phase)
 
     def _record(self, exchange: Exchange, phase: str) -> None:
         route = exchange.route

@@ -160,6 +160,15 @@ def test_missing_or_negative_usage_settles_at_the_reservation(estate: Estate, co
     assert used(counter, "streamed-budget") == before + 30 + 40 + STREAM_DEFAULT
 
 
+def test_a_compressed_answer_settles_from_its_usage(estate: Estate, counter: TokenCounter) -> None:
+    before = used(counter, "streamed-budget")
+    estate.llm.script(["Hello", " there."], gzip_body=True)
+    answer = post(estate, "streamed", ask(300))
+    assert answer.status_code == 200
+    assert answer.headers["content-encoding"] == "gzip"  # passed as the model sent it
+    assert used(counter, "streamed-budget") == before + answer.json()["usage"]["total_tokens"]
+
+
 def stream(estate: Estate, body: dict[str, Any]) -> str:
     with httpx.stream(
         "POST", estate.url("/apis/streamed/chat/completions"), json=body, timeout=10
@@ -189,7 +198,7 @@ def test_a_client_gone_mid_stream_is_charged(estate: Estate, counter: TokenCount
     ) as response:
         assert response.status_code == 200
         next(response.iter_bytes())  # the first event, then the client goes away
-    wait_until(lambda: exchanges(estate) > seen, 10, "the exchange ended at the service")
+    wait_until(lambda: exchanges(estate) > seen, 20, "the exchange ended at the service")
     # The model's stream runs on after the client left: nothing is refunded when it ends.
     wait_until(lambda: len(estate.llm.requests()) == 1, 5, "the model saw the request")
     assert used(counter, "streamed-budget") == before + 70
