@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.wait import wait_until
@@ -64,6 +65,15 @@ def estate(estates: Callable[..., Estate]) -> Estate:
             tenant_id=TENANT,
             targets=[api],
         )
+    # Not billed: while the store cannot count, requests pass uncounted (for a bounded time).
+    running.publish("lenient", tenant_id=TENANT, upstream_url=model, methods=["POST"], auth={"mode": "none"})
+    admin.add_policy(
+        "lenient-budget",
+        "token_budget",
+        {"tokens": 10_000, "windowSeconds": WINDOW_S, "billed": False, "per": "tenant"},
+        tenant_id=TENANT,
+        targets=["lenient"],
+    )
     running.publish("anon", tenant_id=TENANT, upstream_url=model, methods=["POST"], auth={"mode": "none"})
     admin.add_policy(
         "anon-budget",
@@ -218,3 +228,26 @@ def test_a_parallel_burst_never_commits_more_than_the_budget(estate: Estate, cou
     charged = sum(a.json()["usage"]["total_tokens"] for a in passed)
     assert used(counter, "burst-budget") == charged <= BURST_BUDGET
     assert len(estate.llm.requests()) == len(passed)
+
+
+def test_billed_fails_closed_while_the_store_cannot_count(estate: Estate, counter: TokenCounter) -> None:
+    assert estate.site is not None
+    seen = exchanges(estate)
+    # The counters' table locked: every reservation waits past the store's statement timeout.
+    with psycopg.connect(estate.database_url) as blocker:
+        blocker.execute("LOCK TABLE stoa_quota_counters IN ACCESS EXCLUSIVE MODE")
+        billed = post(estate, "streamed", ask(10))
+        lenient = post(estate, "lenient", ask(10))
+        blocker.rollback()
+    assert (billed.status_code, billed.content) == (503, DENY_BODIES[503])
+    assert billed.headers["retry-after"] == "1"
+    assert lenient.status_code == 200
+    assert len(estate.llm.requests()) == 1, "the billed request reached the model"
+    assert used(counter, "lenient-budget") == 0  # passed uncounted
+    wait_until(lambda: exchanges(estate) >= seen + 2, 10, "both exchanges logged")
+    reasons = {e["route"]: e["reason"] for e in estate.site.proc_events("ext_proc_decision")[seen:]}
+    assert reasons == {"streamed": "quota_unavailable", "lenient": "allowed"}
+    # The store counts again: so does the non-billed budget.
+    answer = post(estate, "lenient", ask(10))
+    assert answer.status_code == 200
+    assert used(counter, "lenient-budget") == answer.json()["usage"]["total_tokens"]
