@@ -125,8 +125,9 @@ def ext_authz_filter(options: TranslateOptions, verified_tokens: bool = False) -
 
 
 def ext_proc_filter() -> ext_proc_pb2.ExternalProcessor:
-    """Inert on the listener (every phase skipped, so no stream is opened); a route's per-route config
-    switches on the phases its body policies need. Failing closed: the service unreachable, failing
+    """Inert on the listener (every phase skipped, so no stream is opened) and disabled on every route
+    without a body policy (`EXT_PROC_DISABLED`); a route's per-route config switches on the phases its
+    body policies need. Failing closed: the service unreachable, failing
     or past its timeout is a 503 (the local replies give it the neutral body and Retry-After)."""
     timeout = duration_pb2.Duration()
     timeout.FromMilliseconds(EXT_PROC_MESSAGE_TIMEOUT_MS)
@@ -194,6 +195,9 @@ def router_filter() -> message.Message:
 
 # For an entry Envoy answers itself (a refusal) or decides itself: no Check.
 EXT_AUTHZ_DISABLED = ext_authz_pb2.ExtAuthzPerRoute(disabled=True)
+# For an entry without a body policy while the listener has the processing filter: no stream, said by
+# the entry itself (the more specific level wins over the virtual host's stream metadata).
+EXT_PROC_DISABLED = ext_proc_pb2.ExtProcPerRoute(disabled=True)
 
 
 def ext_authz_route(

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import stoa_translate
 from envoy.config.cluster.v3 import cluster_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 from google.protobuf import json_format
 from stoa_proto import inventory_pb2
 from stoa_translate import TranslateOptions, Translator, translate
+from stoa_translate.filters import EXT_PROC_FILTER, packed
 from stoa_translate.refusal import FailureReason, Refusal
 from stoa_translate.snapshot import CLUSTER, ROUTE, Snapshot, dangling_references
 
@@ -77,6 +79,39 @@ def test_a_translator_remembering_its_last_translation_gives_what_a_fresh_one_gi
     ]
     for step in steps:
         assert remembering.translate(step) == Translator(OPTIONS).translate(step)
+
+
+def guarded(inventory: inventory_pb2.Inventory, route_id: str) -> inventory_pb2.Inventory:
+    """`inventory` with a body policy (guardrails) on one route."""
+    policy = {
+        "policy_id": "guard",
+        "type": "guardrails",
+        "scope": "api",
+        "targets": [route_id],
+        "applicable": [route_id],
+        "tenant_id": "t",
+        "guardrails": {"blockPatterns": ["secret"]},
+    }
+    grown = inventory_pb2.Inventory()
+    grown.CopyFrom(inventory)
+    json_format.ParseDict(policy, grown.policies.add())
+    return grown
+
+
+def test_routes_without_a_body_policy_disable_processing_only_while_the_listener_has_it() -> None:
+    remembering = Translator(OPTIONS)
+    plain = inventory(1, "http://10.0.0.1:80", "http://10.0.0.2:80")
+    for step in (plain, guarded(plain, "r0"), plain):
+        snapshot = remembering.translate(step)
+        assert snapshot == Translator(OPTIONS).translate(step)
+        (routes,) = snapshot.of(ROUTE)
+        configs = {e.name: e.typed_per_filter_config for e in routes.virtual_hosts[0].routes}
+        if step is plain:
+            assert not any(EXT_PROC_FILTER in c for c in configs.values())
+            continue
+        disabled = ext_proc_pb2.ExtProcPerRoute(disabled=True)
+        off = {name for name, c in configs.items() if c[EXT_PROC_FILTER] == packed(disabled)}
+        assert off == set(configs) - {"r0:GET"}
 
 
 def test_a_one_route_change_resolves_and_renders_that_route_only(monkeypatch: pytest.MonkeyPatch) -> None:
