@@ -17,7 +17,7 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -107,6 +107,19 @@ class SupervisedProcess(Lifecycle):
     def restart(self) -> Self:
         self.stop()
         return self.start()
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The process group stopped by SIGSTOP (up, its sockets open, answering nothing) until the
+        block ends, then SIGCONT, whatever happened inside."""
+        if self.proc is None or not self.running:
+            raise ProcessFailed(f"{self.name} is not running")
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -261,6 +261,8 @@ def test_service_down_is_503_with_retry_after(estate: Estate) -> None:
         assert response.content == DENY_BODIES[503]
         assert response.headers["retry-after"] == "1"
         assert estate.llm.requests() == []
+        # A route without a body policy never reaches the service: it answers with the service down.
+        assert chat(estate, ask("hi"), api="plain").status_code == 200
     finally:
         estate.proc.start()
         wait_until(
@@ -291,6 +293,32 @@ def test_service_failing_while_the_model_answers_is_503_and_the_post_is_not_retr
         30,
         "stoa-proc ready again",
     )
+
+
+def test_a_service_up_but_past_its_timeout_is_503_and_the_post_is_not_retried(estate: Estate) -> None:
+    timeouts = estate.envoy.counters(r"ext_proc\..*message_timeouts$")
+    # Frozen (its port open, answering nothing) before the request: Envoy's message timeout, a 503,
+    # and the model never reached.
+    with estate.proc.frozen():
+        response = chat(estate, ask("hi"))
+    assert (response.status_code, response.content) == (503, DENY_BODIES[503])
+    assert response.headers["retry-after"] == "1"
+    assert estate.llm.requests() == []
+    # Frozen while the model holds its answer: the answer's message times out, a 503 again, and the
+    # POST reached the model once.
+    estate.llm.script(["late"], pause_s=1)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(chat, estate, ask("hi"))
+        wait_until(lambda: len(estate.llm.requests()) == 1, 10, "the model got the request")
+        with estate.proc.frozen():
+            response = pending.result(timeout=15)
+    assert (response.status_code, response.content) == (503, DENY_BODIES[503])
+    assert response.headers["retry-after"] == "1"
+    assert len(estate.llm.requests()) == 1, "Envoy sent the POST to the model again"
+    assert estate.envoy.counters(r"ext_proc\..*message_timeouts$") == timeouts + 2
+    # Thawed, it answers in time again.
+    estate.llm.script(["Hello"])
+    assert chat(estate, ask("hi")).status_code == 200
 
 
 def test_transform_edits_both_ways_beside_guardrails(estate: Estate) -> None:
