@@ -6,7 +6,9 @@ with the rules its route was published with, also while a newer set is being rol
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from google.protobuf import json_format
 from stoa_ops.policy_sets import KeptVersions
@@ -15,6 +17,8 @@ from stoa_proto import proc_pb2
 from stoa_proc.budget import Budget, compile_budget
 from stoa_proc.guardrails import Guardrails, PolicyError, compile_guardrails
 from stoa_proc.transform import Transform, compile_transform
+
+T = TypeVar("T")
 
 __all__ = ["PolicyError", "PolicySet", "PolicyStore", "RoutePolicy", "compile_policy_set"]
 
@@ -42,37 +46,35 @@ def compile_policy_set(message: proc_pb2.ProcPolicySet, default_max_body_bytes: 
     for route in message.routes:
         if not route.route_id or route.route_id in routes:
             raise PolicyError(f"route id {route.route_id!r} is empty or repeated")
-        guardrails = None
-        if route.HasField("guardrails"):
-            g = route.guardrails
-            try:
-                guardrails = compile_guardrails(
-                    g.direction,
-                    g.max_body_bytes,
-                    g.block_patterns,
-                    g.pii.kinds,
-                    g.pii.action,
-                    json_format.MessageToDict(g.json_schema) if g.HasField("json_schema") else None,
-                    default_max_body_bytes,
-                )
-            except PolicyError as exc:
-                raise PolicyError(f"route {route.route_id}: guardrails: {exc}") from exc
-        transform = None
-        if route.HasField("transform"):
-            try:
-                transform = compile_transform(route.transform)
-            except PolicyError as exc:
-                raise PolicyError(f"route {route.route_id}: transform: {exc}") from exc
-        token_budget = None
-        if route.HasField("token_budget"):
-            try:
-                token_budget = compile_budget(route.token_budget)
-            except PolicyError as exc:
-                raise PolicyError(f"route {route.route_id}: token_budget: {exc}") from exc
+        guardrails = _compiled(route, "guardrails", lambda g: _guardrails(g, default_max_body_bytes))
+        transform = _compiled(route, "transform", compile_transform)
+        token_budget = _compiled(route, "token_budget", compile_budget)
         routes[route.route_id] = RoutePolicy(
             route.route_id, route.tenant_id, route.api_id, guardrails, transform, token_budget
         )
     return PolicySet(message.version, routes)
+
+
+def _compiled(route: proc_pb2.ProcRoute, kind: str, compile_rules: Callable[[Any], T]) -> T | None:
+    """The route's rules of one kind compiled (None when it has none); a refusal names route and kind."""
+    if not route.HasField(kind):
+        return None
+    try:
+        return compile_rules(getattr(route, kind))
+    except PolicyError as exc:
+        raise PolicyError(f"route {route.route_id}: {kind}: {exc}") from exc
+
+
+def _guardrails(g: proc_pb2.Guardrails, default_max_body_bytes: int) -> Guardrails:
+    return compile_guardrails(
+        g.direction,
+        g.max_body_bytes,
+        g.block_patterns,
+        g.pii.kinds,
+        g.pii.action,
+        json_format.MessageToDict(g.json_schema) if g.HasField("json_schema") else None,
+        default_max_body_bytes,
+    )
 
 
 class PolicyStore(KeptVersions[PolicySet]):

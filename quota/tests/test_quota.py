@@ -1,5 +1,7 @@
 """The quota library on a real PostgreSQL: billed counts are exact under a burst and fail closed;
-batched counts are shared through PostgreSQL and degrade within their bounds; the response fields."""
+batched counts are shared through PostgreSQL and degrade within their bounds; token reservations never
+commit more than the limit under a burst and settle in their reservation's window; the response
+fields."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from stoa_quota import (
     Outcome,
     QuotaStore,
     QuotaUnavailable,
+    TokenCounter,
     Window,
     rate_limit_fields,
 )
@@ -131,3 +134,64 @@ def test_window_and_outcome() -> None:
     window = Window.at(60, 125.5)
     assert (window.number, window.reset_s) == (2, 54.5)
     assert Outcome(True, 5, 4, window).reset_s == 55
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock(1_000_000.0)
+
+
+@pytest.fixture
+def clocked(dsn: str, clock: Clock) -> Iterator[QuotaStore]:
+    opened = QuotaStore(dsn, max_size=10, clock=clock).open()
+    yield opened
+    opened.close()
+
+
+def test_a_parallel_burst_reserves_at_most_the_limit(clocked: QuotaStore) -> None:
+    counter = TokenCounter(clocked)
+    key = uuid.uuid4().hex
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        reservations = list(pool.map(lambda _: counter.reserve(key, 30, 1000, 60), range(100)))
+    allowed = [r for r in reservations if r.allowed]
+    assert len(allowed) == 33  # 33 * 30 = 990; a 34th would pass 1000
+    assert counter.used(key, 60) == 990
+    refused = next(r for r in reservations if not r.allowed)
+    assert refused.outcome.reset_s == 20  # 1,000,000 s is 40 s into a window of 60 s
+
+
+def test_settlement_charges_what_was_used(clocked: QuotaStore, clock: Clock) -> None:
+    counter = TokenCounter(clocked)
+    key = uuid.uuid4().hex
+    a = counter.reserve(key, 100, 250, 60)
+    b = counter.reserve(key, 100, 250, 60)
+    assert (a.allowed, b.allowed, a.outcome.remaining, b.outcome.remaining) == (True, True, 150, 50)
+    assert not counter.reserve(key, 100, 250, 60).allowed
+    counter.settle(a, 20)  # less than reserved: room for another reservation
+    assert counter.used(key, 60) == 120
+    c = counter.reserve(key, 100, 250, 60)
+    assert c.allowed
+    counter.settle(c, 180)  # more than reserved: charged, over the limit by what was not reserved
+    assert counter.used(key, 60) == 300
+    # A settlement lands in its reservation's window, even after that window ended.
+    clock.now += 60
+    counter.settle(b, 0)
+    assert counter.used(key, 60) == 0
+    clock.now -= 60
+    assert counter.used(key, 60) == 200
+
+
+def test_an_amount_above_the_limit_never_fits(clocked: QuotaStore) -> None:
+    counter = TokenCounter(clocked)
+    key = uuid.uuid4().hex
+    assert not counter.reserve(key, 11, 10, 60).allowed
+    assert counter.used(key, 60) == 0
+
+
+def test_tokens_of_an_unreachable_store_are_quota_unavailable() -> None:
+    store = unreachable(Clock(1_000_000.0))
+    try:
+        with pytest.raises(QuotaUnavailable):
+            TokenCounter(store).reserve("k", 1, 10, 60)
+    finally:
+        store.close()
