@@ -155,8 +155,15 @@ def test_a_budget_per_consumer_without_a_consumer_is_refused(estate: Estate) -> 
     response = post(estate, "anon", ask(10))
     assert (response.status_code, response.content) == (403, DENY_BODIES[403])
     assert estate.llm.requests() == []
-    assert estate.site is not None
-    assert estate.site.proc_events("ext_proc_decision")[-1]["reason"] == "no_consumer"
+    site = estate.site
+    assert site is not None
+    # The route's own event (an earlier exchange's may still be written after its answer left).
+    wait_until(
+        lambda: any(e["route"] == "anon" for e in site.proc_events("ext_proc_decision")), 10, "anon logged"
+    )
+    assert [e["reason"] for e in site.proc_events("ext_proc_decision") if e["route"] == "anon"] == [
+        "no_consumer"
+    ]
 
 
 def test_missing_or_negative_usage_settles_at_the_reservation(estate: Estate, counter: TokenCounter) -> None:
@@ -245,7 +252,9 @@ def test_billed_fails_closed_while_the_store_cannot_count(estate: Estate, counte
     assert len(estate.llm.requests()) == 1, "the billed request reached the model"
     assert used(counter, "lenient-budget") == 0  # passed uncounted
     wait_until(lambda: exchanges(estate) >= seen + 2, 10, "both exchanges logged")
-    reasons = {e["route"]: e["reason"] for e in estate.site.proc_events("ext_proc_decision")[seen:]}
+    # Those two routes' events (an earlier test's exchange may still be written after its answer).
+    events = estate.site.proc_events("ext_proc_decision")[seen:]
+    reasons = {e["route"]: e["reason"] for e in events if e["route"] in ("streamed", "lenient")}
     assert reasons == {"streamed": "quota_unavailable", "lenient": "allowed"}
     # The store counts again: so does the non-billed budget.
     answer = post(estate, "lenient", ask(10))
