@@ -837,6 +837,38 @@ class OpaPolicy(Strict):
     config: OpaConfig
 
 
+class CompressionConfig(Strict):
+    # Each algorithm once (a repeat is the kind's rule, a 422 naming it); stored in one order.
+    algorithms: list[Literal["gzip", "br", "zstd"]] = Field(
+        min_length=1, max_length=3, json_schema_extra={"uniqueItems": True}
+    )
+    minBytes: whole(0, MAX_UINT32) = Field(
+        default=0, description="Shorter responses are not compressed (0: Envoy's default, 30)"
+    )
+
+
+class CompressionPolicy(Strict):
+    type: Literal["compression"]
+    config: CompressionConfig
+
+
+class TokenBudgetConfig(Strict):
+    tokens: Count = Field(description="Tokens (usage.total_tokens) per window")
+    windowSeconds: Count
+    billed: StrictBool = Field(default=False, description="No count, no access: fail closed")
+    per: Literal["consumer", "tenant"]
+    # At most `tokens` (the kind's rule, a 422 naming it: such a reservation never fits).
+    defaultMaxTokens: whole(0, MAX_UINT32) = Field(
+        default=0,
+        description="Reserved for a request naming no max_tokens (0: 1024, or tokens when smaller)",
+    )
+
+
+class TokenBudgetPolicy(Strict):
+    type: Literal["token_budget"]
+    config: TokenBudgetConfig
+
+
 # The kinds the translator supports (`stoa_translate.policies.SUPPORTED_KINDS`), in its order.
 KINDS: tuple[type[BaseModel], ...] = (
     CorsPolicy,
@@ -845,6 +877,8 @@ KINDS: tuple[type[BaseModel], ...] = (
     GuardrailsPolicy,
     TransformPolicy,
     OpaPolicy,
+    CompressionPolicy,
+    TokenBudgetPolicy,
 )
 
 
