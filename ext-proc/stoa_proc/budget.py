@@ -21,44 +21,43 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from stoa_proto import proc_pb2
 from stoa_quota import QuotaUnavailable, Reservation, TokenCounter
+from stoa_translate.policies import token_budget
+from stoa_translate.policies.kind import ConfigError
 
 from stoa_proc.guardrails import PolicyError
 from stoa_proc.reasons import Deny, Reason
 
 log = logging.getLogger("stoa_proc.budget")
 
-PER = ("consumer", "tenant")
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 # A stream's usage chunk is small: a pending partial event larger than this is not one.
 _MAX_PENDING = 64 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class Budget:
-    policy_id: str
-    tokens: int
-    window_seconds: int
-    billed: bool
-    per: str
-    default_max_tokens: int
-
+@dataclass(frozen=True)
+class Budget(token_budget.TokenBudget):
     def key(self, tenant_id: str, consumer_id: str) -> str:
         owner = f"consumer/{consumer_id}" if self.per == "consumer" else "tenant"
         return f"token_budget/{tenant_id}/{self.policy_id}/{owner}"
 
 
 def compile_budget(rule: proc_pb2.TokenBudgetRule) -> Budget:
-    b = rule.budget
-    if not rule.policy_id or b.tokens < 1 or b.window_seconds < 1 or b.per not in PER:
-        raise PolicyError("needs a policy id, tokens, windowSeconds and per (consumer or tenant)")
-    if not 1 <= b.default_max_tokens <= b.tokens:
-        raise PolicyError("defaultMaxTokens must be from 1 to tokens")
-    return Budget(rule.policy_id, b.tokens, b.window_seconds, b.billed, b.per, b.default_max_tokens)
+    """The translator's own rule decides (one rule wherever a budget is read), and only its normal form
+    is taken: a set the translator did not make is refused, never completed here."""
+    if not rule.policy_id:
+        raise PolicyError("needs a policy id")
+    try:
+        parsed = token_budget.parse(rule.policy_id, rule.budget)
+    except ConfigError as exc:
+        raise PolicyError(str(exc)) from None
+    if token_budget.normalised(parsed) != rule.budget:
+        raise PolicyError("config.defaultMaxTokens is required: from 1 to tokens")
+    return Budget(**asdict(parsed))
 
 
 def _positive_int(value: object) -> bool:

@@ -4,11 +4,38 @@ usage found across chunk boundaries, and the failure modes of billed and non-bil
 from __future__ import annotations
 
 import pytest
-from stoa_proc.budget import Budget, Budgets, StreamUsage, requested, usage_of
+from stoa_proc.budget import Budget, Budgets, StreamUsage, compile_budget, requested, usage_of
+from stoa_proc.guardrails import PolicyError
 from stoa_proc.reasons import Deny, Reason
+from stoa_proto import proc_pb2
 from stoa_quota import Outcome, QuotaUnavailable, Reservation, Window
 
 BUDGET = Budget("p", tokens=100, window_seconds=60, billed=True, per="tenant", default_max_tokens=16)
+
+
+def _rule(policy_id: str = "p", **budget: object) -> proc_pb2.TokenBudgetRule:
+    fields = {"tokens": 100, "window_seconds": 60, "per": "tenant", "default_max_tokens": 16, **budget}
+    return proc_pb2.TokenBudgetRule(policy_id=policy_id, budget=proc_pb2.TokenBudget(**fields))
+
+
+def test_a_rule_in_the_translators_normal_form_compiles() -> None:
+    assert compile_budget(_rule(billed=True)) == BUDGET
+
+
+@pytest.mark.parametrize(
+    ("rule", "named"),
+    [
+        (_rule(policy_id=""), "policy id"),
+        (_rule(tokens=0), "tokens"),
+        (_rule(window_seconds=0), "windowSeconds"),
+        (_rule(per="everyone"), "per"),
+        (_rule(default_max_tokens=101), "defaultMaxTokens"),
+        (_rule(default_max_tokens=0), "defaultMaxTokens"),  # the translator always fills it in
+    ],
+)
+def test_the_service_refuses_what_the_translator_refuses(rule: proc_pb2.TokenBudgetRule, named: str) -> None:
+    with pytest.raises(PolicyError, match=named):
+        compile_budget(rule)
 
 
 def test_reservation_of_a_request() -> None:
