@@ -155,7 +155,9 @@ def test_cp_outage_keeps_envoy_serving_and_the_link_catches_up(estate: Estate) -
         deadline = time.monotonic() + 2.0
         served = 0
         while time.monotonic() < deadline:
-            assert estate.gateway.get(estate.url("/apis/pub-outage/during")).status_code == 200
+            during = estate.gateway.get(estate.url("/apis/pub-outage/during"))
+            # The whole answer on failure: Envoy's details tell an authorization hop from an upstream.
+            assert during.status_code == 200, (during.status_code, dict(during.headers), during.text)
             served += 1
         assert served > 5
         assert estate.link.running, "the Link must ride out a CP outage"
