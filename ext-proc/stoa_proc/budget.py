@@ -27,10 +27,9 @@ from typing import Any
 from stoa_proto import proc_pb2
 from stoa_quota import QuotaUnavailable, Reservation, TokenCounter
 from stoa_translate.policies import token_budget
-from stoa_translate.policies.kind import ConfigError
 
-from stoa_proc.guardrails import PolicyError
 from stoa_proc.reasons import Deny, Reason
+from stoa_proc.rules import PolicyError, translated
 
 log = logging.getLogger("stoa_proc.budget")
 
@@ -51,13 +50,7 @@ def compile_budget(rule: proc_pb2.TokenBudgetRule) -> Budget:
     is taken: a set the translator did not make is refused, never completed here."""
     if not rule.policy_id:
         raise PolicyError("needs a policy id")
-    try:
-        parsed = token_budget.parse(rule.policy_id, rule.budget)
-    except ConfigError as exc:
-        raise PolicyError(str(exc)) from None
-    if token_budget.normalised(parsed) != rule.budget:
-        raise PolicyError("config.defaultMaxTokens is required: from 1 to tokens")
-    return Budget(**asdict(parsed))
+    return Budget(**asdict(translated(token_budget.KIND, rule.budget, rule.policy_id)))
 
 
 def _positive_int(value: object) -> bool:

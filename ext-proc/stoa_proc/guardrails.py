@@ -8,6 +8,7 @@ one (Luhn for payment cards, mod 97 for IBANs), then blocked or redacted.
 
 from __future__ import annotations
 
+import json
 import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -15,13 +16,15 @@ from typing import Any
 
 import re2
 from jsonschema import Draft202012Validator
-from stoa_ops.policy_sets import Refused
+from stoa_proto import proc_pb2
+from stoa_translate.policies import guardrails as guardrails_kind
 
 from stoa_proc.reasons import Deny, Reason
+from stoa_proc.rules import translated
 
 REDACTED = "[redacted]"
 _QUIET = re2.Options()
-_QUIET.log_errors = False  # a refused pattern is reported in the NACK, not on stderr
+_QUIET.log_errors = False  # a screen that cannot be built is done without, not reported
 
 
 def normalise(value: str) -> str:
@@ -87,10 +90,6 @@ PII_KINDS: dict[str, PiiKind] = {
         ),
     )
 }
-
-
-class PolicyError(Refused):
-    """A guardrails config that cannot be enforced (the policy set is refused)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,48 +160,19 @@ def _screen(patterns: list[str], blocked_pii: list[PiiKind]) -> Any:
         return None
 
 
-def compile_guardrails(
-    direction: str,
-    max_body_bytes: int,
-    patterns: Iterable[str],
-    pii_kinds: Iterable[str],
-    pii_action: str,
-    schema: dict[str, Any] | None,
-    default_max_body_bytes: int,
-) -> Guardrails:
-    if direction not in ("request", "response", "both"):
-        raise PolicyError(f"direction {direction!r} is not request, response or both")
-    if max_body_bytes < 0:
-        raise PolicyError("maxBodyBytes must not be negative")
-    compiled = []
-    for pattern in patterns:
-        try:
-            # Case-insensitive on case-folded text (the pattern itself is not folded: `\\S` is not `\\s`).
-            compiled.append(re2.compile("(?i)" + unicodedata.normalize("NFKC", pattern), _QUIET))
-        except re2.error as exc:
-            raise PolicyError(f"blockPatterns: {pattern!r} is not an RE2 pattern: {exc}") from exc
-    kinds = []
-    for name in pii_kinds:
-        if name not in PII_KINDS:
-            raise PolicyError(f"pii kind {name!r} is not one of {', '.join(PII_KINDS)}")
-        kinds.append(PII_KINDS[name])
-    if kinds and pii_action not in ("block", "redact"):
-        raise PolicyError(f"pii action {pii_action!r} is not block or redact")
-    validator = None
-    if schema:
-        try:
-            Draft202012Validator.check_schema(schema)
-        except Exception as exc:
-            raise PolicyError(f"jsonSchema is not a valid JSON Schema: {type(exc).__name__}") from exc
-        validator = Draft202012Validator(schema)
-    limit = min(max_body_bytes or default_max_body_bytes, default_max_body_bytes)
+def compile_guardrails(config: proc_pb2.Guardrails, default_max_body_bytes: int) -> Guardrails:
+    """The runtime matchers of a route's guardrails, in the translator's normal form (else PolicyError)."""
+    rules = translated(guardrails_kind.KIND, config)
+    kinds = [PII_KINDS[name] for name in rules.pii_kinds]
+    schema = json.loads(rules.json_schema) if rules.json_schema else None
+    limit = min(rules.max_body_bytes or default_max_body_bytes, default_max_body_bytes)
     return Guardrails(
-        screen=_screen(list(patterns), kinds if pii_action != "redact" else []),
-        request=direction in ("request", "both"),
-        response=direction in ("response", "both"),
+        screen=_screen(list(rules.block_patterns), kinds if rules.pii_action != "redact" else []),
+        request=rules.direction in ("request", "both"),
+        response=rules.direction in ("response", "both"),
         max_body_bytes=limit,
-        patterns=tuple(compiled),
+        patterns=tuple(guardrails_kind.matcher(p) for p in rules.block_patterns),
         pii=tuple(kinds),
-        redact=pii_action == "redact",
-        schema=validator,
+        redact=rules.pii_action == "redact",
+        schema=Draft202012Validator(schema) if schema is not None else None,
     )

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from google.protobuf import json_format
 from stoa_ops.policy_sets import KeptVersions
 from stoa_proto import proc_pb2
 
 from stoa_proc.budget import Budget, compile_budget
-from stoa_proc.guardrails import Guardrails, PolicyError, compile_guardrails
+from stoa_proc.guardrails import Guardrails, compile_guardrails
+from stoa_proc.rules import PolicyError
 from stoa_proc.transform import Transform, compile_transform
 
 T = TypeVar("T")
@@ -46,7 +46,7 @@ def compile_policy_set(message: proc_pb2.ProcPolicySet, default_max_body_bytes: 
     for route in message.routes:
         if not route.route_id or route.route_id in routes:
             raise PolicyError(f"route id {route.route_id!r} is empty or repeated")
-        guardrails = _compiled(route, "guardrails", lambda g: _guardrails(g, default_max_body_bytes))
+        guardrails = _compiled(route, "guardrails", lambda g: compile_guardrails(g, default_max_body_bytes))
         transform = _compiled(route, "transform", compile_transform)
         token_budget = _compiled(route, "token_budget", compile_budget)
         routes[route.route_id] = RoutePolicy(
@@ -63,18 +63,6 @@ def _compiled(route: proc_pb2.ProcRoute, kind: str, compile_rules: Callable[[Any
         return compile_rules(getattr(route, kind))
     except PolicyError as exc:
         raise PolicyError(f"route {route.route_id}: {kind}: {exc}") from exc
-
-
-def _guardrails(g: proc_pb2.Guardrails, default_max_body_bytes: int) -> Guardrails:
-    return compile_guardrails(
-        g.direction,
-        g.max_body_bytes,
-        g.block_patterns,
-        g.pii.kinds,
-        g.pii.action,
-        json_format.MessageToDict(g.json_schema) if g.HasField("json_schema") else None,
-        default_max_body_bytes,
-    )
 
 
 class PolicyStore(KeptVersions[PolicySet]):

@@ -13,10 +13,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf import json_format
 from stoa_proto import proc_pb2
+from stoa_translate.policies import transform as transform_kind
 
-from stoa_proc.guardrails import PolicyError
+from stoa_proc.rules import translated
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +59,7 @@ class Transform:
 
 
 def pointer(text: str) -> tuple[str, ...]:
-    if not text.startswith("/"):
-        raise PolicyError(f"{text!r} is not a JSON pointer to a member")
+    """The reference tokens of a JSON pointer (the translator checked its syntax)."""
     return tuple(part.replace("~1", "/").replace("~0", "~") for part in text[1:].split("/"))
 
 
@@ -97,23 +96,23 @@ def _pop(document: Any, path: tuple[str, ...]) -> tuple[bool, Any]:
     return False, None
 
 
-def _side(side: proc_pb2.TransformSide) -> Side:
-    edits = []
-    for edit in side.json:
-        if edit.op not in ("set", "remove", "rename"):
-            raise PolicyError(f"json op {edit.op!r} is not set, remove or rename")
-        value = json_format.MessageToDict(edit.value) if edit.op == "set" else None
-        to = pointer(edit.to) if edit.op == "rename" else ()
-        edits.append(Edit(edit.op, pointer(edit.path), value, to))
-    return Side(
-        set_headers=tuple(sorted((k.lower(), v) for k, v in side.headers.set.items())),
-        remove_headers=tuple(h.lower() for h in side.headers.remove),
-        json=tuple(edits),
+def _side(side: transform_kind.Side) -> Side:
+    edits = tuple(
+        Edit(
+            edit.op,
+            pointer(edit.path),
+            json.loads(edit.value) if edit.op == "set" else None,
+            pointer(edit.to) if edit.op == "rename" else (),
+        )
+        for edit in side.json
     )
+    return Side(side.set_headers, side.remove_headers, edits)
 
 
-def compile_transform(message: proc_pb2.Transform) -> Transform:
-    return Transform(_side(message.request), _side(message.response))
+def compile_transform(config: proc_pb2.Transform) -> Transform:
+    """The runtime edits of a route's transform, in the translator's normal form (else PolicyError)."""
+    rules = translated(transform_kind.KIND, config)
+    return Transform(_side(rules.request), _side(rules.response))
 
 
 def dump(document: Any) -> bytes:

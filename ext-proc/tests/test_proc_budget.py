@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from stoa_proc.budget import Budget, Budgets, StreamUsage, compile_budget, requested, usage_of
-from stoa_proc.guardrails import PolicyError
 from stoa_proc.reasons import Deny, Reason
+from stoa_proc.rules import PolicyError
 from stoa_proto import proc_pb2
 from stoa_quota import Outcome, QuotaUnavailable, Reservation, Window
 

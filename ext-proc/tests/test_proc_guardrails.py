@@ -5,31 +5,35 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Sequence
+from typing import Any
 
 import brotli
 import pytest
 import zstandard
 from stoa_proc import decode
 from stoa_proc.decode import Limits
-from stoa_proc.guardrails import PolicyError, compile_guardrails
+from stoa_proc.guardrails import Guardrails, compile_guardrails
 from stoa_proc.reasons import Deny, Reason
 from stoa_proc.stream import SseGuard
+from stoa_proto import proc_pb2
 
 LIMITS = Limits(max_bytes=64 * 1024, max_ratio=50)
 
 
-def guard(**overrides: object):
-    config: dict[str, object] = {
-        "direction": "both",
-        "max_body_bytes": 0,
-        "patterns": ["ignore previous instructions"],
-        "pii_kinds": [],
-        "pii_action": "",
-        "schema": None,
-        "default_max_body_bytes": 64 * 1024,
-    }
-    config.update(overrides)
-    return compile_guardrails(**config)  # type: ignore[arg-type]
+def guard(
+    patterns: Sequence[str] = ("ignore previous instructions",),
+    pii_kinds: Sequence[str] = (),
+    pii_action: str = "",
+    schema: dict[str, Any] | None = None,
+) -> Guardrails:
+    """Guardrails on both directions, compiled from their message as the translator writes it."""
+    config = proc_pb2.Guardrails(direction="both", block_patterns=patterns)
+    if pii_kinds:
+        config.pii.CopyFrom(proc_pb2.PiiRule(kinds=pii_kinds, action=pii_action))
+    if schema is not None:
+        config.json_schema.update(schema)
+    return compile_guardrails(config, 64 * 1024)
 
 
 def denied(call, *args) -> Deny:
@@ -83,17 +87,6 @@ def test_patterns_match_normalised_text() -> None:
     ):
         assert denied(g.check_text, disguised).reason is Reason.GUARDRAIL_BLOCKED
     assert decode.unescape("\\u0069gnore previous instructions") == "ignore previous instructions"
-
-
-def test_a_pattern_that_is_not_re2_is_refused() -> None:
-    with pytest.raises(PolicyError, match="RE2"):
-        guard(patterns=["(a+)+\\1"])
-    with pytest.raises(PolicyError, match="direction"):
-        guard(direction="sideways")
-    with pytest.raises(PolicyError, match="pii kind"):
-        guard(pii_kinds=["ssn"], pii_action="block")
-    with pytest.raises(PolicyError, match="JSON Schema"):
-        guard(schema={"type": 12})
 
 
 @pytest.mark.parametrize(

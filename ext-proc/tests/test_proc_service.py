@@ -24,6 +24,7 @@ from stoa_proc.policy import PolicyStore, compile_policy_set
 from stoa_proc.process import ROUTE_METADATA, VERSION_METADATA, ProcessingService
 from stoa_proto import proc_pb2
 from stoa_proto.bodies import PROC_BODIES
+from stoa_translate.policies import KINDS
 
 LIMIT = 4096
 
@@ -50,6 +51,12 @@ def policy_set(version: str = "v1") -> proc_pb2.ProcPolicySet:
             json_schema=schema,
         ),
     )
+    for route in message.routes:
+        # As the translator publishes them: in its normal form.
+        for kind in ("guardrails", "transform"):
+            if route.HasField(kind):
+                rules = getattr(route, kind)
+                rules.CopyFrom(KINDS[kind].normalised(KINDS[kind].parse("", rules)))
     return message
 
 

@@ -10,7 +10,9 @@ route only names itself in the stream's metadata.
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass
+from typing import Any
 
 import re2
 from envoy.config.core.v3 import base_pb2
@@ -29,6 +31,14 @@ PII_KINDS = ("email", "card", "iban", "phone")
 PII_ACTIONS = ("block", "redact")
 _QUIET = re2.Options()
 _QUIET.log_errors = False  # a refused pattern is reported in the refusal, not on stderr
+
+
+def matcher(pattern: str) -> Any:
+    """A block pattern as the processing service matches it (re2.error if it cannot be): on NFKC,
+    case-folded text, so the pattern is taken in NFKC form (not folded: `\\S` is not `\\s`), without
+    regard to case. Checked in this form: NFKC can change a pattern's syntax (a full-width
+    parenthesis becomes a parenthesis)."""
+    return re2.compile("(?i)" + unicodedata.normalize("NFKC", pattern), _QUIET)
 
 
 @dataclass(frozen=True)
@@ -67,7 +77,7 @@ def parse(policy_id: str, config: proc_pb2.Guardrails) -> Guardrails:
     patterns = tuple(config.block_patterns)
     for i, pattern in enumerate(patterns):
         try:
-            re2.compile(pattern, _QUIET)
+            matcher(pattern)
         except re2.error:
             raise ConfigError(f"blockPatterns[{i}]", "is not an RE2 pattern") from None
     kinds = tuple(config.pii.kinds)
