@@ -113,7 +113,9 @@ class Guardrails:
         each line there, a line break is no word character for `\b`); the screen may find more
         (across strings), which only costs the exact check."""
         strings = list(values)
-        if self.screen is not None and not self.screen.search("\n".join(normalise(v) for v in strings)):
+        # One normalisation of the joined text is that of each string: a line break composes with
+        # nothing, and case folding goes character by character.
+        if self.screen is not None and not self.screen.search(normalise("\n".join(strings))):
             return
         for value in strings:
             self.check_text(value)

@@ -49,11 +49,19 @@ _STREAMED_RESPONSE = ProcessingMode(response_body_mode=ProcessingMode.STREAMED)
 log = logging.getLogger("stoa_proc.process")
 
 
-def _headers(message: HttpHeaders) -> dict[str, str]:
+# The headers an exchange reads, of each side; no other header is decoded.
+_REQUEST_HEADERS = frozenset(
+    ("x-request-id", "content-type", "content-encoding", "content-length", CONSUMER_HEADER)
+)
+_RESPONSE_HEADERS = frozenset(("content-type", "content-encoding"))
+
+
+def _headers(message: HttpHeaders, names: frozenset[str]) -> dict[str, str]:
     found: dict[str, str] = {}
     for header in message.headers.headers:
-        value = header.raw_value.decode("latin-1") if header.raw_value else header.value
-        found[header.key.lower()] = value
+        key = header.key.lower()
+        if key in names:
+            found[key] = header.raw_value.decode("latin-1") if header.raw_value else header.value
     return found
 
 
@@ -122,7 +130,7 @@ class Exchange:
         return guardrails
 
     def request_headers(self, message: HttpHeaders) -> ProcessingResponse:
-        headers = _headers(message)
+        headers = _headers(message, _REQUEST_HEADERS)
         self.request_id = headers.get("x-request-id", "")
         if self.route is None:
             # Which reason was decided when the stream opened; the first message carries it out.
@@ -169,7 +177,7 @@ class Exchange:
             self.budgets.settle(self.reservation, used)
 
     def response_headers(self, message: HttpHeaders) -> ProcessingResponse:
-        headers = _headers(message)
+        headers = _headers(message, _RESPONSE_HEADERS)
         self.response_type = headers.get("content-type", "")
         self.response_encoding = headers.get("content-encoding", "")
         guardrails = self.inspects(request=False)

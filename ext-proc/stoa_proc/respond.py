@@ -58,12 +58,25 @@ def immediate(reason: Reason, path: str | None = None, retry_after: int | None =
     )
 
 
+# The plain "continue" of each phase, built once: most answers are one of these (never mutated).
+_PROCEED_HEADERS = {
+    True: ProcessingResponse(request_headers=HeadersResponse()),
+    False: ProcessingResponse(response_headers=HeadersResponse()),
+}
+_PROCEED_BODY = {
+    True: ProcessingResponse(request_body=BodyResponse()),
+    False: ProcessingResponse(response_body=BodyResponse()),
+}
+
+
 def proceed_headers(
     request: bool,
     mode_override: ProcessingMode | None = None,
     set_headers: tuple[tuple[str, str], ...] = (),
     remove_headers: tuple[str, ...] = (),
 ) -> ProcessingResponse:
+    if mode_override is None and not (set_headers or remove_headers):
+        return _PROCEED_HEADERS[request]
     headers = HeadersResponse()
     if set_headers or remove_headers:
         headers.response.header_mutation.CopyFrom(
@@ -83,8 +96,7 @@ def proceed_headers(
 
 
 def proceed_body(request: bool) -> ProcessingResponse:
-    body = BodyResponse()
-    return ProcessingResponse(request_body=body) if request else ProcessingResponse(response_body=body)
+    return _PROCEED_BODY[request]
 
 
 def replace_body(request: bool, body: bytes, *, whole: bool) -> ProcessingResponse:

@@ -33,7 +33,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
 
     store = PolicyStore(keep=settings.policy_sets_kept)
     readiness = Readiness(store)
-    decisions = DecisionLog()
+    decisions = DecisionLog().start()
     server = grpc.aio.server(
         options=[("grpc.max_receive_message_length", 2 * settings.max_body_bytes + 65536)]
     )
@@ -69,5 +69,6 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await run_until_stopped(stop, subscription, http, log, started)
     finally:
         await server.stop(grace=1)
+        decisions.close()  # after the last exchange: every event is written
         if quota_store is not None:
             quota_store.close()

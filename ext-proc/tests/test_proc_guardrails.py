@@ -170,6 +170,9 @@ def test_stream_passes_clean_events_and_done() -> None:
         ([], ["card"], ["4111 1111 1111 1111"], True),
         ([], ["card"], ["4111 1111 1111 1112"], False),  # a candidate failing Luhn
         (["\\Astart"], [], ["x", "start"], True),  # no screen for text anchors: each string checked
+        # The joined text is normalised once: a combining mark opening a string composes with nothing.
+        (["\u00e9"], [], ["e", "\u0301"], False),
+        (["\u00e9"], [], ["x", "e\u0301"], True),
     ],
 )
 def test_documents_are_screened_once_and_checked_exactly(
