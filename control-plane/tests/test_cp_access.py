@@ -17,6 +17,7 @@ from stoa_cp.settings import Settings
 from stoa_harness.site import console_script
 
 PROBLEM = "application/problem+json"
+TOOL = "lookup_order"
 REPORT = {"generation": "2", "status": "FAILED", "snapshot_version": "", "reason": "NACK"}
 
 
@@ -32,6 +33,8 @@ class World:
     a_policy: str
     b_policy: str
     b_issuer: str
+    b_grant: str
+    b_revocation: str
     gateway: str
     credential: str
     gateway_policy: str
@@ -54,6 +57,20 @@ async def world(cp, idp) -> World:
             ids[f"{side}_policy"] = policy["policy_id"]
             issuer = await admin.add_issuer(tenant, f"https://{side}.example", jwks=idp.jwks())
             ids[f"{side}_issuer"] = issuer["issuer_id"]
+            await admin.create_tool(
+                TOOL,
+                tenant_id=tenant,
+                description="Look an order up",
+                input_schema={"type": "object"},
+                api_id=api_id,
+                method="GET",
+                path_template="/orders",
+            )
+            ids[f"{side}_grant"] = (
+                await admin.grant_tool(f"{tenant}-g", TOOL, tenant_id=tenant, scopes=["s"])
+            )["grant_id"]
+            revoked = await admin.revoke_tool(f"{tenant}-r", TOOL, tenant_id=tenant)
+            ids[f"{side}_revocation"] = revoked["revocation_id"]
         gateway = f"gw-{id(idp)}"
         credential = (await admin.create_gateway(gateway, "G"))["credential"]
         for api_id in (ids["a_api"], ids["b_api"]):
@@ -72,6 +89,8 @@ async def world(cp, idp) -> World:
         a_policy=ids["a_policy"],
         b_policy=ids["b_policy"],
         b_issuer=ids["b_issuer"],
+        b_grant=ids["b_grant"],
+        b_revocation=ids["b_revocation"],
         gateway=gateway,
         credential=credential,
         gateway_policy=f"{gateway}-cors",
@@ -152,6 +171,21 @@ FOREIGN = [
     ),
     ("GET", "/v1/tenants/{b}/tool-revocations", None, "tenant_id"),
     ("POST", "/v1/tenants/{b}/tool-revocations", lambda w: {"revocation_id": "r", "tool": "t"}, "tenant_id"),
+    # Grant and revocation ids are unique across tenants: one another tenant holds is as absent.
+    (
+        "POST",
+        "/v1/tenants/{a}/tool-grants",
+        lambda w: {"grant_id": w.b_grant, "tool": TOOL, "scopes": ["s"]},
+        "grant_id",
+    ),
+    ("DELETE", "/v1/tenants/{a}/tool-grants/{b_grant}", None, "grant_id"),
+    (
+        "POST",
+        "/v1/tenants/{a}/tool-revocations",
+        lambda w: {"revocation_id": w.b_revocation, "tool": TOOL},
+        "revocation_id",
+    ),
+    ("DELETE", "/v1/tenants/{a}/tool-revocations/{b_revocation}", None, "revocation_id"),
     ("PUT", "/v1/gateways/{gateway}/deployments/{b_api}", None, "api_id"),
     ("DELETE", "/v1/gateways/{gateway}/deployments/{b_api}", None, "api_id"),
     ("GET", "/v1/audit?tenant={b}", None, "tenant"),
@@ -164,6 +198,8 @@ async def snapshot(cp, w: World) -> list:
             f"/v1/tenants/{w.b}/apis",
             f"/v1/tenants/{w.b}/policies",
             f"/v1/tenants/{w.b}/issuers",
+            f"/v1/tenants/{w.b}/tool-grants",
+            f"/v1/tenants/{w.b}/tool-revocations",
             f"/v1/gateways/{w.gateway}/deployments",
             f"/v1/gateways/{w.gateway}/policies",
             f"/v1/gateways/{w.gateway}",
