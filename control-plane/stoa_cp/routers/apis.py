@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
-from stoa_cp.access import TenantScope
-from stoa_cp.problems import PROBLEM_RESPONSES
-from stoa_cp.routers.tenant_objects import Resource, mount
+from stoa_cp.routers import tenant_objects
+from stoa_cp.routers.tenant_objects import Resource
 from stoa_cp.schemas import ApiIn, ApiOut, ApiUpdate
 from stoa_cp.store import apis
 
-router = APIRouter(
-    prefix="/v1/tenants/{tenant_id}/apis",
-    tags=["apis"],
-    dependencies=[TenantScope],
-    responses=PROBLEM_RESPONSES,
-)
-mount(
-    router,
+router = tenant_objects.router(
+    "apis",
     Resource(
-        collection="",
+        collection="/apis",
         key="api_id",
         singular="api",
         plural="apis",

@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 
-from stoa_cp.access import TenantScope
 from stoa_cp.dependencies import Db, ExistingTenant
-from stoa_cp.problems import PROBLEM_RESPONSES
-from stoa_cp.routers.tenant_objects import Resource, mount
+from stoa_cp.routers import tenant_objects
+from stoa_cp.routers.tenant_objects import Resource
 from stoa_cp.schemas import ConsumerIn, ConsumerOut, ConsumerUpdate, KeyCreated, KeyOut
 from stoa_cp.store import api_keys, consumers
 
-router = APIRouter(
-    prefix="/v1/tenants/{tenant_id}/consumers",
-    tags=["consumers"],
-    dependencies=[TenantScope],
-    responses=PROBLEM_RESPONSES,
-)
-mount(
-    router,
+router = tenant_objects.router(
+    "consumers",
     Resource(
-        collection="",
+        collection="/consumers",
         key="consumer_id",
         singular="consumer",
         plural="consumers",
@@ -33,18 +26,18 @@ mount(
 )
 
 
-@router.post("/{consumer_id}/keys", status_code=201)
+@router.post("/consumers/{consumer_id}/keys", status_code=201)
 async def create_key(tenant_id: str, consumer_id: str, db: Db) -> KeyCreated:
     """A new key, shown in this answer only; the CP keeps its SHA-256 and its public prefix."""
     return await api_keys.create(db, tenant_id, consumer_id)
 
 
-@router.get("/{consumer_id}/keys")
+@router.get("/consumers/{consumer_id}/keys")
 async def list_keys(tenant_id: ExistingTenant, consumer_id: str, db: Db) -> list[KeyOut]:
     return await api_keys.list_for(db, tenant_id, consumer_id)
 
 
-@router.delete("/{consumer_id}/keys/{key_id}", status_code=204)
+@router.delete("/consumers/{consumer_id}/keys/{key_id}", status_code=204)
 async def revoke_key(tenant_id: str, consumer_id: str, key_id: str, db: Db) -> Response:
     """Revoke the key: refused at every site from the next generation on, never rolled back."""
     await api_keys.revoke(db, tenant_id, consumer_id, key_id)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 
 from stoa_cp import trust
-from stoa_cp.access import TenantScope
 from stoa_cp.dependencies import Db
-from stoa_cp.problems import PROBLEM_RESPONSES, not_found, problem_responses
-from stoa_cp.routers.tenant_objects import Resource, mount
+from stoa_cp.problems import not_found, problem_responses
+from stoa_cp.routers import tenant_objects
+from stoa_cp.routers.tenant_objects import Resource
 from stoa_cp.schemas import IssuerIn, IssuerOut, IssuerRefreshed
 from stoa_cp.store import issuers
 
@@ -16,16 +16,10 @@ _UPSTREAM = problem_responses(
     (502, "The issuer's jwks_uri could not be fetched or holds no usable key set (nothing is changed)")
 )
 
-router = APIRouter(
-    prefix="/v1/tenants/{tenant_id}/issuers",
-    tags=["issuers"],
-    dependencies=[TenantScope],
-    responses=PROBLEM_RESPONSES,
-)
-mount(
-    router,
+router = tenant_objects.router(
+    "issuers",
     Resource(
-        collection="",
+        collection="/issuers",
         key="issuer_id",
         singular="issuer",
         plural="issuers",
@@ -43,7 +37,7 @@ mount(
 )
 
 
-@router.post("/{issuer_id}/refresh", responses=_UPSTREAM)
+@router.post("/issuers/{issuer_id}/refresh", responses=_UPSTREAM)
 async def refresh_issuer(tenant_id: str, issuer_id: str, request: Request, db: Db) -> IssuerRefreshed:
     """Re-fetch the jwks_uri now; changed keys bump every gateway where the tenant has a route."""
     if (await issuers.get(db, issuer_id))["tenant_id"] != tenant_id:

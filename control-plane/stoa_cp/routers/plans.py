@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
-from stoa_cp.access import TenantScope
-from stoa_cp.problems import PROBLEM_RESPONSES
-from stoa_cp.routers.tenant_objects import Resource, mount
+from stoa_cp.routers import tenant_objects
+from stoa_cp.routers.tenant_objects import Resource
 from stoa_cp.schemas import PlanIn, PlanOut, PlanUpdate
 from stoa_cp.store import plans
 
-router = APIRouter(
-    prefix="/v1/tenants/{tenant_id}/plans",
-    tags=["plans"],
-    dependencies=[TenantScope],
-    responses=PROBLEM_RESPONSES,
-)
-mount(
-    router,
+router = tenant_objects.router(
+    "plans",
     Resource(
-        collection="",
+        collection="/plans",
         key="plan_id",
         singular="plan",
         plural="plans",

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
-from stoa_cp.access import PlatformScope, TenantScope
-from stoa_cp.problems import PROBLEM_RESPONSES
-from stoa_cp.routers.tenant_objects import GATEWAY, Resource, mount
+from stoa_cp.routers import tenant_objects
+from stoa_cp.routers.tenant_objects import GATEWAY, Resource
 from stoa_cp.schemas import (
     GatewayPolicyBody,
     GatewayPolicyPut,
@@ -16,23 +13,11 @@ from stoa_cp.schemas import (
 )
 from stoa_cp.store import policies
 
-tenant_router = APIRouter(
-    prefix="/v1/tenants/{tenant_id}/policies",
-    tags=["policies"],
-    dependencies=[TenantScope],
-    responses=PROBLEM_RESPONSES,
-)
-gateway_router = APIRouter(
-    prefix="/v1/gateways/{gateway_id}/policies",
-    tags=["policies"],
-    dependencies=[PlatformScope],
-    responses=PROBLEM_RESPONSES,
-)
 _REPLACES = {"update": "PUT replaces the policy; the id is the path's."}
-mount(
-    tenant_router,
+tenant_router = tenant_objects.router(
+    "policies",
     Resource(
-        collection="",
+        collection="/policies",
         key="policy_id",
         singular="tenant_policy",
         plural="tenant_policies",
@@ -44,10 +29,10 @@ mount(
         docs=_REPLACES,
     ),
 )
-mount(
-    gateway_router,
+gateway_router = tenant_objects.router(
+    "policies",
     Resource(
-        collection="",
+        collection="/policies",
         key="policy_id",
         singular="gateway_policy",
         plural="gateway_policies",

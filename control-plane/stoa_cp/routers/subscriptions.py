@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
-from stoa_cp.access import TenantScope
-from stoa_cp.problems import PROBLEM_RESPONSES
-from stoa_cp.routers.tenant_objects import Resource, mount
+from stoa_cp.routers import tenant_objects
+from stoa_cp.routers.tenant_objects import Resource
 from stoa_cp.schemas import SubscriptionIn, SubscriptionOut, SubscriptionUpdate
 from stoa_cp.store import subscriptions
 
-router = APIRouter(
-    prefix="/v1/tenants/{tenant_id}/subscriptions",
-    tags=["subscriptions"],
-    dependencies=[TenantScope],
-    responses=PROBLEM_RESPONSES,
-)
-mount(
-    router,
+router = tenant_objects.router(
+    "subscriptions",
     Resource(
-        collection="",
+        collection="/subscriptions",
         key="subscription_id",
         singular="subscription",
         plural="subscriptions",

@@ -22,8 +22,9 @@ from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Depends, Path, Response
 
+from stoa_cp.access import PlatformScope, TenantScope
 from stoa_cp.dependencies import AppServices, Db, require_gateway_exists, require_tenant_exists
-from stoa_cp.problems import REPEATED_CREATE, answered
+from stoa_cp.problems import PROBLEM_RESPONSES, REPEATED_CREATE, answered
 from stoa_cp.store.database import Database
 from stoa_cp.store.tenant_objects import Services
 
@@ -50,15 +51,17 @@ class Operations(Protocol):
 class Owner:
     param: str  # the path parameter naming the owner
     existing: Callable[..., Any]  # the dependency that 404s when it does not exist
+    prefix: str  # the path of one owner
+    scope: Any  # who may call (`stoa_cp.access`)
 
 
-TENANT = Owner("tenant_id", require_tenant_exists)
-GATEWAY = Owner("gateway_id", require_gateway_exists)
+TENANT = Owner("tenant_id", require_tenant_exists, "/v1/tenants/{tenant_id}", TenantScope)
+GATEWAY = Owner("gateway_id", require_gateway_exists, "/v1/gateways/{gateway_id}", PlatformScope)
 
 
 @dataclass(frozen=True)
 class Resource:
-    collection: str  # the path below the router's prefix: "" or "/tools"
+    collection: str  # the path below the owner's: "/tools"
     key: str  # the path parameter naming one object
     singular: str  # route names: create_<singular>, list_<plural>, get_<singular>, ...
     plural: str
@@ -72,6 +75,16 @@ class Resource:
     repeatable: bool = False  # an identical create answers 200 with the stored object
     create_responses: Mapping[int | str, dict[str, Any]] = field(default_factory=dict)
     docs: Mapping[str, str] = field(default_factory=dict)  # route → its description
+
+
+def router(tag: str, *resources: Resource) -> APIRouter:
+    """A router of the resources of one owner (the owner's prefix and scope, the problem bodies),
+    with their routes; a resource's other routes are added to it by its module."""
+    (owner,) = {resource.owner for resource in resources}
+    made = APIRouter(prefix=owner.prefix, tags=[tag], dependencies=[owner.scope], responses=PROBLEM_RESPONSES)
+    for resource in resources:
+        mount(made, resource)
+    return made
 
 
 def mount(router: APIRouter, resource: Resource) -> None:

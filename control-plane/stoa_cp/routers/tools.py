@@ -6,10 +6,11 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from stoa_cp.access import AnyCaller, TenantScope
+from stoa_cp.access import AnyCaller
 from stoa_cp.dependencies import AppServices
 from stoa_cp.problems import PROBLEM_RESPONSES, Problem
-from stoa_cp.routers.tenant_objects import Resource, mount
+from stoa_cp.routers import tenant_objects
+from stoa_cp.routers.tenant_objects import Resource
 from stoa_cp.schemas import (
     ToolGrantIn,
     ToolGrantOut,
@@ -21,17 +22,8 @@ from stoa_cp.schemas import (
 )
 from stoa_cp.store import tools
 
-router = APIRouter(
-    prefix="/v1/tenants/{tenant_id}",
-    tags=["mcp tools"],
-    dependencies=[TenantScope],
-    responses=PROBLEM_RESPONSES,
-)
-keys_router = APIRouter(tags=["mcp tools"], responses=PROBLEM_RESPONSES)
-
-
-mount(
-    router,
+router = tenant_objects.router(
+    "mcp tools",
     Resource(
         collection="/tools",
         key="name",
@@ -47,9 +39,6 @@ mount(
             "delete": "Delete the tool and its grants.",
         },
     ),
-)
-mount(
-    router,
     Resource(
         collection="/tool-grants",
         key="grant_id",
@@ -63,9 +52,6 @@ mount(
             "create": "Grant the tool to the listed consumers and to any caller holding one of the scopes."
         },
     ),
-)
-mount(
-    router,
     Resource(
         collection="/tool-revocations",
         key="revocation_id",
@@ -82,6 +68,7 @@ mount(
         },
     ),
 )
+keys_router = APIRouter(tags=["mcp tools"], responses=PROBLEM_RESPONSES)
 
 
 @keys_router.get("/v1/tool-permissions/keys", dependencies=[AnyCaller])
