@@ -7,7 +7,6 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from stoa_cp.dependencies import limits_of
 from stoa_cp.schemas import LIMIT
 from stoa_cp.settings import Settings
 
@@ -21,7 +20,7 @@ def _publish_limits(node: Any, settings: Settings) -> None:
         return
     limit = node.pop(LIMIT, None)
     if limit is not None:
-        count = getattr(limits_of(settings), limit)
+        count = getattr(settings.policy_limits, limit)
         node["maxProperties" if node.get("type") == "object" else "maxItems"] = count
         setting = f"STOA_CP_POLICY_MAX_{limit.upper()}"
         node["description"] = f"{node.get('description', '')} At most {count} ({setting}).".strip()

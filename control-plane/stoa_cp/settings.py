@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from stoa_translate.policies import ListLimits
 
 
 def _split(value: object) -> object:
@@ -73,6 +74,17 @@ class Settings(BaseSettings):
     @property
     def console_sign_in_issuer(self) -> str | None:
         return self.console_issuer or (self.oidc_issuers[0] if self.oidc_issuers else None)
+
+    @property
+    def policy_limits(self) -> ListLimits:
+        """How many entries a policy's lists may hold."""
+        return ListLimits(
+            origins=self.policy_max_origins,
+            headers=self.policy_max_headers,
+            addresses=self.policy_max_addresses,
+            patterns=self.policy_max_patterns,
+            entries=self.policy_max_entries,
+        )
 
     @field_validator("admin_tokens", "oidc_issuers", mode="before")
     @classmethod

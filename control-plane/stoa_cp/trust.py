@@ -10,9 +10,10 @@ import asyncpg
 
 from stoa_cp import jwks
 from stoa_cp.problems import Problem, not_found
-from stoa_cp.schemas import IssuerIn
+from stoa_cp.schemas import IssuerIn, IssuerOut
 from stoa_cp.store import issuers, tenants
 from stoa_cp.store.database import Database
+from stoa_cp.store.tenant_objects import Objects, Services
 
 log = logging.getLogger("stoa_cp")
 
@@ -37,6 +38,19 @@ async def create(
     except jwks.JwksError as exc:
         raise exc.problem() from None
     return await issuers.create(db, tenant_id, body, keys)
+
+
+class Issuers(Objects[IssuerOut]):
+    """The issuers' operations for their router: creating one fetches its keys first."""
+
+    async def create(
+        self, db: Database, services: Services, owner_id: str, body: IssuerIn
+    ) -> tuple[IssuerOut, bool]:
+        row, created = await create(db, owner_id, body, services.settings.jwks_fetch_timeout_s)
+        return IssuerOut.of(row), created
+
+
+objects = Issuers(issuers.KIND)
 
 
 async def refresh(db: Database, issuer_id: str, fetch_timeout_s: float) -> tuple[asyncpg.Record, bool]:

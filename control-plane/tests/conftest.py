@@ -9,7 +9,6 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
-import httpx
 import pytest
 import uvicorn
 from stoa_cp.app import create_app
@@ -20,10 +19,6 @@ from stoa_harness.postgres import EmbeddedPostgres
 from stoa_harness.wait import GiveUp, wait_until_async
 
 ADMIN_TOKEN = "test-admin-token"
-
-
-def uid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="session")
@@ -47,20 +42,12 @@ class RunningCP:
     server: uvicorn.Server
     task: asyncio.Task[None]
 
-    def admin(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=self.url, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
-        )
-
-    def client(self, token: str = ADMIN_TOKEN, gateway_id: str | None = None) -> AsyncCPClient:
-        """The harness's CP client on this CP (the admin token unless another is given)."""
-        return AsyncCPClient(self.url, token, gateway_id=gateway_id)
-
-    def gateway(self, credential: str) -> httpx.AsyncClient:
-        return self.bearer(credential)
-
-    def bearer(self, token: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, headers={"authorization": f"Bearer {token}"}, timeout=10)
+    def client(
+        self, token: str | None = ADMIN_TOKEN, gateway_id: str | None = None, timeout: float = 10
+    ) -> AsyncCPClient:
+        """The harness's CP client on this CP: the admin token unless another is given (a principal's
+        token, a gateway's credential, or None for no credential)."""
+        return AsyncCPClient(self.url, token, gateway_id=gateway_id, timeout=timeout)
 
     async def stop(self) -> None:
         self.server.should_exit = True
@@ -113,55 +100,8 @@ async def cp_factory(pg: EmbeddedPostgres) -> AsyncIterator[Callable[..., Awaita
 
 
 @pytest.fixture
-async def admin(cp: RunningCP) -> AsyncIterator[httpx.AsyncClient]:
-    async with cp.admin() as client:
-        yield client
-
-
-class Api:
-    """Admin-side set-up used by every test, through the harness's CP client (exposed as the `api`
-    fixture: with --import-mode=importlib tests cannot import from conftest). `admin` stays the raw
-    HTTP client for the tests whose subject is the raw answer."""
-
-    def __init__(self, cp: RunningCP, admin: httpx.AsyncClient, client: AsyncCPClient) -> None:
-        self.cp = cp
-        self.admin = admin
-        self.client = client
-        self.uid = uid
-        self.wait_for = wait_until_async
-
-    async def tenant(self) -> str:
-        tenant_id = uid("t")
-        await self.client.create_tenant(tenant_id, "Tenant")
-        return tenant_id
-
-    async def gateway(self) -> tuple[str, str]:
-        gateway_id = uid("gw")
-        created = await self.client.create_gateway(gateway_id, "Gateway")
-        return gateway_id, created["credential"]
-
-    async def new_api(self, tenant_id: str, **fields: object) -> str:
-        api_id = str(fields.pop("api_id", uid("api")))
-        body: dict[str, object] = {"name": "API", "upstream_url": "http://127.0.0.1:9000", "methods": ["GET"]}
-        body.update(fields)
-        await self.client.create_api(api_id, tenant_id=tenant_id, **body)
-        return api_id
-
-    async def deploy(self, gateway_id: str, api_id: str) -> int:
-        return await self.client.deploy(api_id, gateway_id)
-
-    async def generation(self, gateway_id: str) -> int:
-        return int((await self.client.gateway(gateway_id))["generation"])
-
-    async def generations(self, *gateway_ids: str) -> list[int]:
-        return [await self.generation(g) for g in gateway_ids]
-
-    async def inventory(self, gateway_id: str, credential: str) -> dict:
-        async with self.cp.client(credential) as link_view:
-            return await link_view.inventory(gateway_id)
-
-
-@pytest.fixture
-async def api(cp: RunningCP, admin: httpx.AsyncClient) -> AsyncIterator[Api]:
+async def api(cp: RunningCP) -> AsyncIterator[AsyncCPClient]:
+    """The harness's CP client with the admin token: every test's set-up, and its raw answers
+    (`api.answer(...)`) where the answer itself is the subject."""
     async with cp.client() as client:
-        yield Api(cp, admin, client)
+        yield client

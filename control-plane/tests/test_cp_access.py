@@ -17,6 +17,7 @@ from stoa_cp.settings import Settings
 from stoa_harness.site import console_script
 
 PROBLEM = "application/problem+json"
+TOOL = "lookup_order"
 REPORT = {"generation": "2", "status": "FAILED", "snapshot_version": "", "reason": "NACK"}
 
 
@@ -32,6 +33,8 @@ class World:
     a_policy: str
     b_policy: str
     b_issuer: str
+    b_grant: str
+    b_revocation: str
     gateway: str
     credential: str
     gateway_policy: str
@@ -54,15 +57,31 @@ async def world(cp, idp) -> World:
             ids[f"{side}_policy"] = policy["policy_id"]
             issuer = await admin.add_issuer(tenant, f"https://{side}.example", jwks=idp.jwks())
             ids[f"{side}_issuer"] = issuer["issuer_id"]
+            await admin.create_tool(
+                TOOL,
+                tenant_id=tenant,
+                description="Look an order up",
+                input_schema={"type": "object"},
+                api_id=api_id,
+                method="GET",
+                path_template="/orders",
+            )
+            ids[f"{side}_grant"] = (
+                await admin.grant_tool(f"{tenant}-g", TOOL, tenant_id=tenant, scopes=["s"])
+            )["grant_id"]
+            revoked = await admin.revoke_tool(f"{tenant}-r", TOOL, tenant_id=tenant)
+            ids[f"{side}_revocation"] = revoked["revocation_id"]
         gateway = f"gw-{id(idp)}"
         credential = (await admin.create_gateway(gateway, "G"))["credential"]
         for api_id in (ids["a_api"], ids["b_api"]):
             await admin.deploy(api_id, gateway)
         cors = {"allowedOrigins": ["*"]}
         await admin.create_policy(f"{gateway}-cors", "cors", cors, tenant_id=None, gateway_id=gateway)
-    async with cp.gateway(credential) as link:
+    async with cp.client(credential) as link:
         report = {**REPORT, "gateway_id": gateway, "detail": f"route {ids['b_api']} refused"}
-        assert (await link.post(f"/v1/gateways/{gateway}/sync-reports", json=report)).status_code == 202
+        assert (
+            await link.answer("POST", f"/v1/gateways/{gateway}/sync-reports", json=report)
+        ).status_code == 202
     return World(
         a=ids["a"],
         b=ids["b"],
@@ -72,6 +91,8 @@ async def world(cp, idp) -> World:
         a_policy=ids["a_policy"],
         b_policy=ids["b_policy"],
         b_issuer=ids["b_issuer"],
+        b_grant=ids["b_grant"],
+        b_revocation=ids["b_revocation"],
         gateway=gateway,
         credential=credential,
         gateway_policy=f"{gateway}-cors",
@@ -152,6 +173,21 @@ FOREIGN = [
     ),
     ("GET", "/v1/tenants/{b}/tool-revocations", None, "tenant_id"),
     ("POST", "/v1/tenants/{b}/tool-revocations", lambda w: {"revocation_id": "r", "tool": "t"}, "tenant_id"),
+    # Grant and revocation ids are unique across tenants: one another tenant holds is as absent.
+    (
+        "POST",
+        "/v1/tenants/{a}/tool-grants",
+        lambda w: {"grant_id": w.b_grant, "tool": TOOL, "scopes": ["s"]},
+        "grant_id",
+    ),
+    ("DELETE", "/v1/tenants/{a}/tool-grants/{b_grant}", None, "grant_id"),
+    (
+        "POST",
+        "/v1/tenants/{a}/tool-revocations",
+        lambda w: {"revocation_id": w.b_revocation, "tool": TOOL},
+        "revocation_id",
+    ),
+    ("DELETE", "/v1/tenants/{a}/tool-revocations/{b_revocation}", None, "revocation_id"),
     ("PUT", "/v1/gateways/{gateway}/deployments/{b_api}", None, "api_id"),
     ("DELETE", "/v1/gateways/{gateway}/deployments/{b_api}", None, "api_id"),
     ("GET", "/v1/audit?tenant={b}", None, "tenant"),
@@ -159,16 +195,18 @@ FOREIGN = [
 
 
 async def snapshot(cp, w: World) -> list:
-    async with cp.admin() as admin:
+    async with cp.client() as admin:
         paths = [
             f"/v1/tenants/{w.b}/apis",
             f"/v1/tenants/{w.b}/policies",
             f"/v1/tenants/{w.b}/issuers",
+            f"/v1/tenants/{w.b}/tool-grants",
+            f"/v1/tenants/{w.b}/tool-revocations",
             f"/v1/gateways/{w.gateway}/deployments",
             f"/v1/gateways/{w.gateway}/policies",
             f"/v1/gateways/{w.gateway}",
         ]
-        return [(await admin.get(path)).json() for path in paths]
+        return [(await admin.answer("GET", path)).json() for path in paths]
 
 
 @pytest.mark.parametrize(("method", "path", "body", "field"), FOREIGN)
@@ -176,10 +214,8 @@ async def test_a_tenant_admin_finds_nothing_of_another_tenant(
     cp, idp, world, method, path, body, field
 ) -> None:
     before = await snapshot(cp, world)
-    async with cp.bearer(idp.role_token("tenant_admin", tenant=world.a)) as client:
-        response = await client.request(
-            method, path.format(**vars(world)), json=body(world) if body else None
-        )
+    async with cp.client(idp.role_token("tenant_admin", tenant=world.a)) as client:
+        response = await client.answer(method, path.format(**vars(world)), json=body(world) if body else None)
     assert response.status_code == 404, response.text
     assert fields(response) == [field]
     assert await snapshot(cp, world) == before
@@ -195,32 +231,34 @@ async def test_lists_and_gateway_views_show_a_tenant_its_own_part(cp, idp, world
         )
     finally:
         await conn.close()
-    async with cp.admin() as admin:
-        every = (await admin.get(f"/v1/gateways/{world.gateway}/status")).json()["invalid_policies"]
+    async with cp.client() as admin:
+        every = (await admin.answer("GET", f"/v1/gateways/{world.gateway}/status")).json()["invalid_policies"]
     assert {world.a_policy, world.b_policy} <= {p["policy_id"] for p in every}
-    async with cp.bearer(idp.role_token("tenant_admin", tenant=world.a)) as client:
-        own = (await client.get(f"/v1/gateways/{world.gateway}/status")).json()["invalid_policies"]
+    async with cp.client(idp.role_token("tenant_admin", tenant=world.a)) as client:
+        own = (await client.answer("GET", f"/v1/gateways/{world.gateway}/status")).json()["invalid_policies"]
         assert [p["policy_id"] for p in own] == [world.a_policy]
-        assert [t["tenant_id"] for t in (await client.get("/v1/tenants")).json()] == [world.a]
-        assert (await client.get(f"/v1/gateways/{world.gateway}/deployments")).json() == [world.a_api]
-        status = (await client.get(f"/v1/gateways/{world.gateway}/status")).json()
+        assert [t["tenant_id"] for t in (await client.answer("GET", "/v1/tenants")).json()] == [world.a]
+        assert (await client.answer("GET", f"/v1/gateways/{world.gateway}/deployments")).json() == [
+            world.a_api
+        ]
+        status = (await client.answer("GET", f"/v1/gateways/{world.gateway}/status")).json()
         assert status["last_report"]["reason"] == "NACK"
         assert status["last_report"]["detail"] == ""
-        assert world.gateway in [g["gateway_id"] for g in (await client.get("/v1/gateways")).json()]
+        assert world.gateway in [g["gateway_id"] for g in (await client.answer("GET", "/v1/gateways")).json()]
         # The translation preview: its own routes, as the gateway's policies apply to them.
-        part = await client.get(f"/v1/gateways/{world.gateway}/preview")
+        part = await client.answer("GET", f"/v1/gateways/{world.gateway}/preview")
         assert part.status_code == 200, part.text
         assert (part.json()["tenant_id"], part.json()["snapshot_version"]) == (world.a, None)
         assert world.a_api in json.dumps(part.json()["resources"])
         assert world.b_api not in part.text
-    async with cp.admin() as admin:
-        whole = (await admin.get(f"/v1/gateways/{world.gateway}/preview")).json()
+    async with cp.client() as admin:
+        whole = (await admin.answer("GET", f"/v1/gateways/{world.gateway}/preview")).json()
         assert whole["tenant_id"] is None
         assert whole["snapshot_version"]
         assert world.a_api in json.dumps(whole["resources"])
         assert world.b_api in json.dumps(whole["resources"])
-        assert world.b_api in (await admin.get(f"/v1/gateways/{world.gateway}/status")).text
-        deployed = (await admin.get(f"/v1/gateways/{world.gateway}/deployments")).json()
+        assert world.b_api in (await admin.answer("GET", f"/v1/gateways/{world.gateway}/status")).text
+        deployed = (await admin.answer("GET", f"/v1/gateways/{world.gateway}/deployments")).json()
         assert {world.a_api, world.b_api} <= set(deployed)
 
 
@@ -235,23 +273,25 @@ async def test_lists_and_gateway_views_show_a_tenant_its_own_part(cp, idp, world
     ],
 )
 async def test_platform_objects_need_a_platform_role(cp, idp, world, method, path, body) -> None:
-    async with cp.bearer(idp.role_token("tenant_admin", tenant=world.a)) as client:
-        response = await client.request(method, path.format(**vars(world)), json=body)
+    async with cp.client(idp.role_token("tenant_admin", tenant=world.a)) as client:
+        response = await client.answer(method, path.format(**vars(world)), json=body)
     assert response.status_code == 403, response.text
     assert fields(response) == ["authorization"]
 
 
 async def test_a_tenant_admin_manages_its_own_tenant(cp, idp, world) -> None:
-    async with cp.bearer(idp.role_token("tenant_admin", tenant=world.a, sub="alice")) as client:
-        created = await client.post(f"/v1/tenants/{world.a}/apis", json=api_body(f"{world.a}-new"))
+    async with cp.client(idp.role_token("tenant_admin", tenant=world.a, sub="alice")) as client:
+        created = await client.answer("POST", f"/v1/tenants/{world.a}/apis", json=api_body(f"{world.a}-new"))
         assert created.status_code == 201, created.text
-        deployed = await client.put(f"/v1/gateways/{world.gateway}/deployments/{world.a}-new")
+        deployed = await client.answer("PUT", f"/v1/gateways/{world.gateway}/deployments/{world.a}-new")
         assert deployed.status_code == 200, deployed.text
-        repeated = await client.post(f"/v1/tenants/{world.a}/apis", json=api_body(f"{world.a}-new"))
+        repeated = await client.answer("POST", f"/v1/tenants/{world.a}/apis", json=api_body(f"{world.a}-new"))
         assert repeated.status_code == 200, repeated.text  # the same body again: the stored API
-        clash = await client.post(f"/v1/tenants/{world.a}/apis", json=api_body(f"{world.a}-new", name="Y"))
+        clash = await client.answer(
+            "POST", f"/v1/tenants/{world.a}/apis", json=api_body(f"{world.a}-new", name="Y")
+        )
         assert clash.status_code == 409  # its own object: a plain conflict
-        entries = (await client.get("/v1/audit")).json()
+        entries = (await client.answer("GET", "/v1/audit")).json()
     assert all(e["tenant_id"] == world.a or e["actor_tenant"] == world.a for e in entries)
     deploy = next(
         e for e in entries if e["method"] == "PUT" and e["object_ids"].get("api_id") == f"{world.a}-new"
@@ -261,20 +301,22 @@ async def test_a_tenant_admin_manages_its_own_tenant(cp, idp, world) -> None:
 
 
 async def test_viewers_read_only_and_within_their_tenant(cp, idp, world) -> None:
-    async with cp.bearer(idp.role_token("viewer", tenant=world.a)) as client:
-        own = await client.get(f"/v1/tenants/{world.a}/apis")
+    async with cp.client(idp.role_token("viewer", tenant=world.a)) as client:
+        own = await client.answer("GET", f"/v1/tenants/{world.a}/apis")
         assert world.a_api in [a["api_id"] for a in own.json()]
         assert {a["tenant_id"] for a in own.json()} == {world.a}
-        assert (await client.get(f"/v1/tenants/{world.b}/apis")).status_code == 404
-        refused = await client.delete(f"/v1/tenants/{world.a}/apis/{world.a_api}")
+        assert (await client.answer("GET", f"/v1/tenants/{world.b}/apis")).status_code == 404
+        refused = await client.answer("DELETE", f"/v1/tenants/{world.a}/apis/{world.a_api}")
         assert refused.status_code == 403
-        assert (await client.get("/v1/audit")).status_code == 403
-    async with cp.bearer(idp.role_token("viewer")) as client:
-        other = await client.get(f"/v1/tenants/{world.b}/apis")
+        assert (await client.answer("GET", "/v1/audit")).status_code == 403
+    async with cp.client(idp.role_token("viewer")) as client:
+        other = await client.answer("GET", f"/v1/tenants/{world.b}/apis")
         assert world.b_api in [a["api_id"] for a in other.json()]
-        policies = await client.get(f"/v1/gateways/{world.gateway}/policies")
+        policies = await client.answer("GET", f"/v1/gateways/{world.gateway}/policies")
         assert world.gateway_policy in [p["policy_id"] for p in policies.json()]
-        assert (await client.post("/v1/tenants", json={"tenant_id": "v", "name": "v"})).status_code == 403
+        assert (
+            await client.answer("POST", "/v1/tenants", json={"tenant_id": "v", "name": "v"})
+        ).status_code == 403
     async with cp.client() as admin:
         # Nothing a viewer was refused happened.
         assert (await admin.get_api(world.a_api, tenant_id=world.a))["api_id"] == world.a_api
@@ -282,11 +324,13 @@ async def test_viewers_read_only_and_within_their_tenant(cp, idp, world) -> None
 
 
 async def test_a_platform_admin_token_does_everything(cp, idp) -> None:
-    async with cp.bearer(idp.role_token("platform_admin", sub="root")) as client:
-        created = await client.post("/v1/tenants", json={"tenant_id": f"p-{id(client)}", "name": "P"})
+    async with cp.client(idp.role_token("platform_admin", sub="root")) as client:
+        created = await client.answer(
+            "POST", "/v1/tenants", json={"tenant_id": f"p-{id(client)}", "name": "P"}
+        )
         assert created.status_code == 201, created.text
         tenant_id = created.json()["tenant_id"]
-        entries = (await client.get("/v1/audit", params={"tenant": tenant_id})).json()
+        entries = (await client.answer("GET", "/v1/audit", params={"tenant": tenant_id})).json()
     [creation] = [e for e in entries if e["method"] == "POST"]
     assert (creation["subject"], creation["role"], creation["tenant_id"]) == (
         "root",
@@ -309,8 +353,8 @@ async def test_a_platform_admin_token_does_everything(cp, idp) -> None:
     ids=["untrusted-issuer", "wrong-audience", "expired", "bad-signature", "alg-none", "hs256", "opaque"],
 )
 async def test_tokens_that_do_not_verify_are_401(cp, idp, token) -> None:
-    async with cp.bearer(token(idp)) as client:
-        response = await client.get("/v1/tenants")
+    async with cp.client(token(idp)) as client:
+        response = await client.answer("GET", "/v1/tenants")
     assert response.status_code == 401, response.text
     assert response.headers["www-authenticate"] == 'Bearer error="invalid_token"'
 
@@ -321,8 +365,8 @@ async def test_tokens_that_do_not_verify_are_401(cp, idp, token) -> None:
     ids=["no-role", "unknown-role", "tenant-admin-without-tenant"],
 )
 async def test_a_valid_token_without_a_usable_role_is_403(cp, idp, claims) -> None:
-    async with cp.bearer(idp.mint(**{"audience": "stoa-cp", "tenant": None, **claims})) as client:
-        response = await client.get("/v1/tenants")
+    async with cp.client(idp.mint(**{"audience": "stoa-cp", "tenant": None, **claims})) as client:
+        response = await client.answer("GET", "/v1/tenants")
     assert response.status_code == 403, response.text
 
 
@@ -332,17 +376,17 @@ async def test_the_roles_and_tenant_claims_are_settings(cp_factory, idp) -> None
         for tenant in ("org-a", "org-b"):
             await admin.create_tenant(tenant, tenant)
     renamed = idp.mint(audience="stoa-cp", tenant=None, groups=["tenant_admin"], org="org-a")
-    async with other.bearer(renamed) as client:
-        assert [t["tenant_id"] for t in (await client.get("/v1/tenants")).json()] == ["org-a"]
-        assert (await client.get("/v1/tenants/org-b/apis")).status_code == 404
+    async with other.client(renamed) as client:
+        assert [t["tenant_id"] for t in (await client.answer("GET", "/v1/tenants")).json()] == ["org-a"]
+        assert (await client.answer("GET", "/v1/tenants/org-b/apis")).status_code == 404
     # The default claim names mean nothing to this CP.
-    async with other.bearer(idp.role_token("platform_admin")) as client:
-        assert (await client.get("/v1/tenants")).status_code == 403
+    async with other.client(idp.role_token("platform_admin")) as client:
+        assert (await client.answer("GET", "/v1/tenants")).status_code == 403
 
 
 async def test_authentication_comes_before_the_body(cp, world) -> None:
     oversized = b"{" + b" " * (8 * 1024 * 1024) + b"}"
-    async with httpx.AsyncClient(base_url=cp.url, timeout=30) as client:
+    async with cp.client(None, timeout=30) as client:
         for method, path, content in [
             ("POST", "/v1/tenants", oversized),
             ("POST", "/v1/tenants", b"\xff not json"),
@@ -350,7 +394,7 @@ async def test_authentication_comes_before_the_body(cp, world) -> None:
             ("POST", f"/v1/gateways/{world.gateway}/sync-reports", oversized),
             ("GET", "/v1/no-such-thing", b""),
         ]:
-            response = await client.request(
+            response = await client.answer(
                 method, path, content=content, headers={"content-type": "application/json"}
             )
             assert response.status_code == 401, (path, response.text)
@@ -358,10 +402,10 @@ async def test_authentication_comes_before_the_body(cp, world) -> None:
 
 
 async def test_credentials_do_not_cross(cp, idp, world) -> None:
-    async with cp.gateway(world.credential) as link:
-        assert (await link.get("/v1/tenants")).status_code == 401
-    async with cp.bearer(idp.role_token("platform_admin")) as client:
-        assert (await client.get(f"/v1/gateways/{world.gateway}/config")).status_code == 401
+    async with cp.client(world.credential) as link:
+        assert (await link.answer("GET", "/v1/tenants")).status_code == 401
+    async with cp.client(idp.role_token("platform_admin")) as client:
+        assert (await client.answer("GET", f"/v1/gateways/{world.gateway}/config")).status_code == 401
 
 
 def test_the_static_admin_token_is_refused_in_production() -> None:
@@ -385,8 +429,8 @@ def test_the_cp_does_not_start_in_production_with_a_static_admin_token() -> None
 
 async def test_every_write_is_audited_without_a_secret(cp, idp, world) -> None:
     token = idp.role_token("platform_admin", sub="auditor")
-    async with cp.bearer(token) as client:
-        before = (await client.get("/v1/audit", params={"limit": 1})).json()[0]["id"]
+    async with cp.client(token) as client:
+        before = (await client.answer("GET", "/v1/audit", params={"limit": 1})).json()[0]["id"]
         tenant = f"aud-{id(client)}"
         gateway = f"gw-aud-{id(client)}"
         writes = [
@@ -412,9 +456,9 @@ async def test_every_write_is_audited_without_a_secret(cp, idp, world) -> None:
                 },
             ),
         ]
-        answers = [await client.request(m, p, json=b) for m, p, b in writes]
+        answers = [await client.answer(m, p, json=b) for m, p, b in writes]
         credential = answers[1].json()["credential"]
-        entries = (await client.get("/v1/audit", params={"limit": 1000})).json()
+        entries = (await client.answer("GET", "/v1/audit", params={"limit": 1000})).json()
     new = [e for e in reversed(entries) if e["id"] > before and e["subject"] == "auditor"]
     assert [(e["method"], e["path"], e["status"]) for e in new] == [
         (m, p, a.status_code) for (m, p, _), a in zip(writes, answers, strict=True)

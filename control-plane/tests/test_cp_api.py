@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from stoa_harness.cp_client import fresh_id
 from stoa_harness.postgres import EmbeddedPostgres
+from stoa_harness.wait import wait_until_async
 
 PROBLEM = "application/problem+json"
 
@@ -15,10 +17,10 @@ def problem_fields(response: httpx.Response) -> list[str]:
 
 
 async def test_health_and_openapi(cp) -> None:
-    async with httpx.AsyncClient(base_url=cp.url) as client:
-        assert (await client.get("/health/live")).status_code == 200
-        assert (await client.get("/health/ready")).json() == {"status": "ready"}
-        paths = (await client.get("/openapi.json")).json()["paths"]
+    async with cp.client(None) as client:
+        assert (await client.answer("GET", "/health/live")).status_code == 200
+        assert (await client.answer("GET", "/health/ready")).json() == {"status": "ready"}
+        paths = (await client.answer("GET", "/openapi.json")).json()["paths"]
     for path in (
         "/v1/tenants",
         "/v1/tenants/{tenant_id}/apis/{api_id}",
@@ -37,21 +39,24 @@ async def test_health_and_openapi(cp) -> None:
 @pytest.mark.parametrize("authorization", [None, "Bearer wrong-token", "Basic dGVzdDp0ZXN0"])
 async def test_admin_endpoints_refuse_without_the_admin_token(cp, authorization) -> None:
     headers = {"authorization": authorization} if authorization else {}
-    async with httpx.AsyncClient(base_url=cp.url, headers=headers) as client:
-        response = await client.post("/v1/tenants", json={"tenant_id": "sneaky", "name": "x"})
+    async with cp.client(None) as client:
+        response = await client.answer(
+            "POST", "/v1/tenants", json={"tenant_id": "sneaky", "name": "x"}, headers=headers
+        )
         assert response.status_code == 401
         challenge = 'Bearer error="invalid_token"' if authorization == "Bearer wrong-token" else "Bearer"
         assert response.headers["www-authenticate"] == challenge
         assert problem_fields(response) == ["authorization"]
-    async with cp.admin() as admin:
-        tenants = (await admin.get("/v1/tenants")).json()
+    async with cp.client() as admin:
+        tenants = (await admin.answer("GET", "/v1/tenants")).json()
     assert "sneaky" not in [t["tenant_id"] for t in tenants]
 
 
 async def test_api_crud_with_defaults(api) -> None:
-    tenant_id = await api.tenant()
-    api_id = api.uid("orders")
-    created = await api.admin.post(
+    tenant_id = await api.new_tenant()
+    api_id = fresh_id("orders")
+    created = await api.answer(
+        "POST",
         f"/v1/tenants/{tenant_id}/apis",
         json={
             "api_id": api_id,
@@ -82,9 +87,9 @@ async def test_api_crud_with_defaults(api) -> None:
         "timeout_ms": 2500,
         "auth": {"mode": "jwt", "forward_credential": True, "envelope": True},
     }
-    updated = await api.admin.put(f"/v1/tenants/{tenant_id}/apis/{api_id}", json=update)
+    updated = await api.answer("PUT", f"/v1/tenants/{tenant_id}/apis/{api_id}", json=update)
     assert updated.status_code == 200, updated.text
-    got = (await api.admin.get(f"/v1/tenants/{tenant_id}/apis/{api_id}")).json()
+    got = (await api.answer("GET", f"/v1/tenants/{tenant_id}/apis/{api_id}")).json()
     assert (got["name"], got["path_prefix"], got["timeout_ms"], got["auth"]) == (
         "Orders v2",
         "/orders",
@@ -98,20 +103,20 @@ async def test_api_crud_with_defaults(api) -> None:
             "subscription": False,
         },
     )
-    listed = (await api.admin.get(f"/v1/tenants/{tenant_id}/apis")).json()
+    listed = (await api.answer("GET", f"/v1/tenants/{tenant_id}/apis")).json()
     assert [a["api_id"] for a in listed] == [api_id]
 
-    assert (await api.admin.delete(f"/v1/tenants/{tenant_id}/apis/{api_id}")).status_code == 204
-    gone = await api.admin.get(f"/v1/tenants/{tenant_id}/apis/{api_id}")
+    assert (await api.answer("DELETE", f"/v1/tenants/{tenant_id}/apis/{api_id}")).status_code == 204
+    gone = await api.answer("GET", f"/v1/tenants/{tenant_id}/apis/{api_id}")
     assert gone.status_code == 404
     assert problem_fields(gone) == ["api_id"]
 
 
 async def test_duplicates_are_conflicts_naming_the_id(api) -> None:
-    tenant_id = await api.tenant()
-    other_tenant = await api.tenant()
+    tenant_id = await api.new_tenant()
+    other_tenant = await api.new_tenant()
     api_id = await api.new_api(tenant_id)
-    gateway_id, _ = await api.gateway()
+    gateway_id, _ = await api.new_gateway()
     cases = [
         ("/v1/tenants", {"tenant_id": tenant_id, "name": "again"}, "tenant_id"),
         ("/v1/gateways", {"gateway_id": gateway_id, "name": "again"}, "gateway_id"),
@@ -124,7 +129,7 @@ async def test_duplicates_are_conflicts_naming_the_id(api) -> None:
         (
             f"/v1/tenants/{other_tenant}/apis",
             {
-                "api_id": api.uid("a"),
+                "api_id": fresh_id("a"),
                 "name": "x",
                 "upstream_url": "http://127.0.0.1:1",
                 "methods": ["GET"],
@@ -134,10 +139,10 @@ async def test_duplicates_are_conflicts_naming_the_id(api) -> None:
         ),
     ]
     for path, body, field in cases:
-        response = await api.admin.post(path, json=body)
+        response = await api.answer("POST", path, json=body)
         assert response.status_code == 409, (path, response.text)
         assert problem_fields(response) == [field]
-    assert (await api.admin.get(f"/v1/tenants/{other_tenant}/apis")).json() == []
+    assert (await api.answer("GET", f"/v1/tenants/{other_tenant}/apis")).json() == []
 
 
 BAD_APIS = [
@@ -171,15 +176,15 @@ BAD_APIS = [
 
 @pytest.mark.parametrize(("override", "field"), BAD_APIS)
 async def test_bad_api_input_is_422_naming_the_field_and_changes_nothing(api, override, field) -> None:
-    tenant_id = await api.tenant()
-    body = {"api_id": api.uid("a"), "name": "x", "upstream_url": "http://127.0.0.1:1", "methods": ["GET"]}
+    tenant_id = await api.new_tenant()
+    body = {"api_id": fresh_id("a"), "name": "x", "upstream_url": "http://127.0.0.1:1", "methods": ["GET"]}
     body.update(override)
-    response = await api.admin.post(f"/v1/tenants/{tenant_id}/apis", json=body)
+    response = await api.answer("POST", f"/v1/tenants/{tenant_id}/apis", json=body)
     assert response.status_code == 422, response.text
     assert field in problem_fields(response)
     # The rule in words (shown next to the field in the console), never a regular expression.
     assert not [e for e in response.json()["errors"] if "pattern" in e["message"]], response.text
-    assert (await api.admin.get(f"/v1/tenants/{tenant_id}/apis")).json() == []
+    assert (await api.answer("GET", f"/v1/tenants/{tenant_id}/apis")).json() == []
 
 
 @pytest.mark.parametrize(
@@ -194,11 +199,13 @@ async def test_bad_api_input_is_422_naming_the_field_and_changes_nothing(api, ov
     ],
 )
 async def test_malformed_json_is_422_naming_the_field(api, body, field) -> None:
-    before = (await api.admin.get("/v1/tenants")).json()
-    response = await api.admin.post("/v1/tenants", content=body, headers={"content-type": "application/json"})
+    before = (await api.answer("GET", "/v1/tenants")).json()
+    response = await api.answer(
+        "POST", "/v1/tenants", content=body, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 422, response.text
     assert problem_fields(response) == [field]
-    assert (await api.admin.get("/v1/tenants")).json() == before
+    assert (await api.answer("GET", "/v1/tenants")).json() == before
 
 
 @pytest.mark.parametrize(
@@ -213,9 +220,9 @@ async def test_malformed_json_is_422_naming_the_field(api, body, field) -> None:
     ],
 )
 async def test_an_id_the_store_cannot_hold_is_422_naming_it(api, method, path, field) -> None:
-    tenant_id = await api.tenant()
-    gateway_id, _ = await api.gateway()
-    response = await api.admin.request(method, path.format(tenant=tenant_id, gateway=gateway_id))
+    tenant_id = await api.new_tenant()
+    gateway_id, _ = await api.new_gateway()
+    response = await api.answer(method, path.format(tenant=tenant_id, gateway=gateway_id))
     assert response.status_code == 422, response.text
     assert problem_fields(response) == [field]
     assert await api.generation(gateway_id) == 1
@@ -223,42 +230,42 @@ async def test_an_id_the_store_cannot_hold_is_422_naming_it(api, method, path, f
 
 async def test_unicode_and_slashed_ids_are_unknown_not_errors(api) -> None:
     for path in ("/v1/gateways/%C3%BC/status", "/v1/tenants/%C3%BC/apis", "/v1/gateways/" + "x" * 5000):
-        response = await api.admin.get(path)
+        response = await api.answer("GET", path)
         assert response.status_code == 404, (path, response.text)
         assert response.headers["content-type"].startswith(PROBLEM)
     # An encoded slash does not match a route: a plain 404 problem, not a 500.
-    assert (await api.admin.get("/v1/gateways/a%2Fb/status")).status_code == 404
+    assert (await api.answer("GET", "/v1/gateways/a%2Fb/status")).status_code == 404
 
 
 async def test_missing_fields_are_each_named(api) -> None:
-    tenant_id = await api.tenant()
-    response = await api.admin.post(f"/v1/tenants/{tenant_id}/apis", json={"api_id": api.uid("a")})
+    tenant_id = await api.new_tenant()
+    response = await api.answer("POST", f"/v1/tenants/{tenant_id}/apis", json={"api_id": fresh_id("a")})
     assert response.status_code == 422
     assert set(problem_fields(response)) == {"name", "upstream_url", "methods"}
 
 
 async def test_unknown_tenant_is_404_naming_tenant_id(api) -> None:
-    body = {"api_id": api.uid("a"), "name": "x", "upstream_url": "http://127.0.0.1:1", "methods": ["GET"]}
-    response = await api.admin.post("/v1/tenants/nobody/apis", json=body)
+    body = {"api_id": fresh_id("a"), "name": "x", "upstream_url": "http://127.0.0.1:1", "methods": ["GET"]}
+    response = await api.answer("POST", "/v1/tenants/nobody/apis", json=body)
     assert response.status_code == 404
     assert problem_fields(response) == ["tenant_id"]
-    assert (await api.admin.get("/v1/tenants/nobody/apis")).status_code == 404
+    assert (await api.answer("GET", "/v1/tenants/nobody/apis")).status_code == 404
 
 
 async def test_api_of_another_tenant_is_not_found(api) -> None:
-    owner, stranger = await api.tenant(), await api.tenant()
+    owner, stranger = await api.new_tenant(), await api.new_tenant()
     api_id = await api.new_api(owner)
     update = {"name": "x", "upstream_url": "http://127.0.0.1:2", "methods": ["GET"]}
-    assert (await api.admin.put(f"/v1/tenants/{stranger}/apis/{api_id}", json=update)).status_code == 404
-    assert (await api.admin.delete(f"/v1/tenants/{stranger}/apis/{api_id}")).status_code == 404
-    got = (await api.admin.get(f"/v1/tenants/{owner}/apis/{api_id}")).json()
+    assert (await api.answer("PUT", f"/v1/tenants/{stranger}/apis/{api_id}", json=update)).status_code == 404
+    assert (await api.answer("DELETE", f"/v1/tenants/{stranger}/apis/{api_id}")).status_code == 404
+    got = (await api.answer("GET", f"/v1/tenants/{owner}/apis/{api_id}")).json()
     assert got["upstream_url"] == "http://127.0.0.1:9000"
 
 
-async def test_gateway_credential_is_shown_once_and_checked(api) -> None:
-    gateway_id, credential = await api.gateway()
-    other_id, other_credential = await api.gateway()
-    listed = (await api.admin.get("/v1/gateways")).json()
+async def test_gateway_credential_is_shown_once_and_checked(api, cp) -> None:
+    gateway_id, credential = await api.new_gateway()
+    other_id, other_credential = await api.new_gateway()
+    listed = (await api.answer("GET", "/v1/gateways")).json()
     assert all("credential" not in g for g in listed)
 
     report = {"gateway_id": gateway_id, "generation": 1, "status": "SYNCED", "snapshot_version": "v1"}
@@ -268,24 +275,24 @@ async def test_gateway_credential_is_shown_once_and_checked(api) -> None:
         ("POST", f"/v1/gateways/{gateway_id}/sync-reports", report),
     ]
     expectations = [(None, 401), ("not-a-credential", 401), ("ADMIN", 401), (other_credential, 403)]
-    async with httpx.AsyncClient(base_url=api.cp.url, timeout=5) as client:
+    async with cp.client(None, timeout=5) as client:
         for method, path, body in endpoints:
             for presented, status in expectations:
                 token = "test-admin-token" if presented == "ADMIN" else presented
                 headers = {"authorization": f"Bearer {token}"} if token else {}
-                response = await client.request(method, path, json=body, headers=headers)
+                response = await client.answer(method, path, json=body, headers=headers)
                 assert response.status_code == status, (method, path, presented, response.text)
                 assert problem_fields(response) == ["authorization"]
         # An unknown gateway with a valid credential of another gateway: 403, never a hint of existence.
-        response = await client.get(
-            "/v1/gateways/nope/config", headers={"authorization": f"Bearer {credential}"}
+        response = await client.answer(
+            "GET", "/v1/gateways/nope/config", headers={"authorization": f"Bearer {credential}"}
         )
         assert response.status_code == 403
-    status = (await api.admin.get(f"/v1/gateways/{gateway_id}/status")).json()
+    status = (await api.answer("GET", f"/v1/gateways/{gateway_id}/status")).json()
     assert status["last_report"] is None
     assert status["state"] == "PENDING"
     assert other_id != gateway_id
-    inventory = await api.inventory(gateway_id, credential)
+    inventory = await api.inventory(gateway_id, credential=credential)
     assert inventory["gateway_id"] == gateway_id
     assert inventory["generation"] == "1"
 
@@ -293,14 +300,14 @@ async def test_gateway_credential_is_shown_once_and_checked(api) -> None:
 async def test_ready_is_503_when_the_database_is_unreachable(cp_factory, api) -> None:
     with EmbeddedPostgres() as own_pg:
         doomed = await cp_factory(dsn=own_pg.dsn)
-        async with httpx.AsyncClient(base_url=doomed.url, timeout=5) as client:
-            assert (await client.get("/health/ready")).status_code == 200
+        async with doomed.client(None, timeout=5) as client:
+            assert (await client.answer("GET", "/health/ready")).status_code == 200
             own_pg.stop()
 
             async def not_ready() -> bool:
-                return (await client.get("/health/ready")).status_code == 503
+                return (await client.answer("GET", "/health/ready")).status_code == 503
 
-            await api.wait_for(not_ready, 15, "readiness to report the database down")
-            response = await client.get("/health/ready")
+            await wait_until_async(not_ready, 15, "readiness to report the database down")
+            response = await client.answer("GET", "/health/ready")
             assert response.json()["errors"][0]["field"] == "database"
-            assert (await client.get("/health/live")).status_code == 200
+            assert (await client.answer("GET", "/health/live")).status_code == 200

@@ -5,6 +5,7 @@ refusal naming its limit."""
 from __future__ import annotations
 
 import httpx
+from stoa_harness.cp_client import fresh_id
 
 PROBLEM = "application/problem+json"
 
@@ -25,22 +26,22 @@ def api_body(api_id: str, **extra: object) -> dict[str, object]:
 
 
 async def test_bulk_publishes_many_apis_in_one_generation_and_a_replay_changes_nothing(api) -> None:
-    tenant_id = await api.tenant()
-    gateway_id, credential = await api.gateway()
+    tenant_id = await api.new_tenant()
+    gateway_id, credential = await api.new_gateway()
     before = await api.generation(gateway_id)
-    ids = [api.uid("b") for _ in range(50)]
+    ids = [fresh_id("b") for _ in range(50)]
     body = {"apis": [api_body(a) for a in ids], "deploy": [{"gateway_id": gateway_id, "api_ids": ids}]}
-    response = await api.admin.post(f"/v1/tenants/{tenant_id}/bulk", json=body)
+    response = await api.answer("POST", f"/v1/tenants/{tenant_id}/bulk", json=body)
     assert response.status_code == 200, response.text
     out = response.json()
     assert sorted(out["created"]) == sorted(ids)
     assert out["changed"] == [gateway_id]
     assert out["generations"] == {gateway_id: before + 1}
-    inventory = await api.inventory(gateway_id, credential)
+    inventory = await api.inventory(gateway_id, credential=credential)
     assert inventory["generation"] == str(before + 1)
     assert sorted(r["route_id"] for r in inventory["routes"]) == sorted(ids)
 
-    replay = await api.admin.post(f"/v1/tenants/{tenant_id}/bulk", json=body)
+    replay = await api.answer("POST", f"/v1/tenants/{tenant_id}/bulk", json=body)
     assert replay.status_code == 200, replay.text
     assert (replay.json()["created"], replay.json()["changed"]) == ([], [])
     assert await api.generation(gateway_id) == before + 1
@@ -50,21 +51,21 @@ async def test_bulk_publishes_many_apis_in_one_generation_and_a_replay_changes_n
         "apis": [api_body(ids[0], methods=["GET", "POST"])],
         "undeploy": [{"gateway_id": gateway_id, "api_ids": ids[1:3]}],
     }
-    response = await api.admin.post(f"/v1/tenants/{tenant_id}/bulk", json=edited)
+    response = await api.answer("POST", f"/v1/tenants/{tenant_id}/bulk", json=edited)
     assert response.status_code == 200, response.text
     assert response.json()["updated"] == [ids[0]]
     assert await api.generation(gateway_id) == before + 2
-    inventory = await api.inventory(gateway_id, credential)
+    inventory = await api.inventory(gateway_id, credential=credential)
     assert sorted(t["route_id"] for t in inventory["tombstones"]) == sorted(ids[1:3])
     assert next(r for r in inventory["routes"] if r["route_id"] == ids[0])["methods"] == ["GET", "POST"]
 
 
 async def test_a_refused_item_stores_nothing_and_is_named(api) -> None:
-    tenant_id = await api.tenant()
-    gateway_id, _ = await api.gateway()
+    tenant_id = await api.new_tenant()
+    gateway_id, _ = await api.new_gateway()
     taken = await api.new_api(tenant_id)
     before = await api.generation(gateway_id)
-    fresh = [api.uid("b") for _ in range(3)]
+    fresh = [fresh_id("b") for _ in range(3)]
     url = f"/v1/tenants/{tenant_id}/bulk"
     cases = [
         (
@@ -98,14 +99,14 @@ async def test_a_refused_item_stores_nothing_and_is_named(api) -> None:
         ({"undeploy": [{"gateway_id": gateway_id, "api_ids": [taken]}]}, 404, ["undeploy[0].api_ids[0]"]),
     ]
     for body, status, named in cases:
-        response = await api.admin.post(url, json=body)
+        response = await api.answer("POST", url, json=body)
         assert response.status_code == status, (body, response.text)
         assert fields(response) == named, response.text
-    listed = (await api.admin.get(f"/v1/tenants/{tenant_id}/apis")).json()
+    listed = (await api.answer("GET", f"/v1/tenants/{tenant_id}/apis")).json()
     assert [a["api_id"] for a in listed] == [taken]
     assert await api.generation(gateway_id) == before
-    other = await api.tenant()
-    foreign = await api.admin.post(f"/v1/tenants/{other}/bulk", json={"apis": [api_body(taken)]})
+    other = await api.new_tenant()
+    foreign = await api.answer("POST", f"/v1/tenants/{other}/bulk", json={"apis": [api_body(taken)]})
     assert foreign.status_code == 409, foreign.text
     assert fields(foreign) == ["apis[0].api_id"]
 
@@ -114,10 +115,12 @@ async def test_bodies_and_counts_are_bounded_and_each_refusal_names_its_limit(cp
     limited = await cp_factory(
         max_body_bytes=4096, bulk_max_body_bytes=16384, bulk_max_items=40, max_routes_per_tenant=30
     )
-    async with limited.admin() as admin:
-        assert (await admin.post("/v1/tenants", json={"tenant_id": "t", "name": "T"})).status_code == 201
+    async with limited.client() as admin:
+        assert (
+            await admin.answer("POST", "/v1/tenants", json={"tenant_id": "t", "name": "T"})
+        ).status_code == 201
         big = {"tenant_id": "u", "name": "x" * 5000}
-        declared = await admin.post("/v1/tenants", json=big)
+        declared = await admin.answer("POST", "/v1/tenants", json=big)
         assert declared.status_code == 413, declared.text
         assert "max_body_bytes" in declared.json()["errors"][0]["message"]
 
@@ -127,41 +130,49 @@ async def test_bodies_and_counts_are_bounded_and_each_refusal_names_its_limit(cp
                 yield b"x" * 100
             yield b'"}'
 
-        streamed = await admin.post(
-            "/v1/tenants", content=chunks(), headers={"content-type": "application/json"}
+        streamed = await admin.answer(
+            "POST", "/v1/tenants", content=chunks(), headers={"content-type": "application/json"}
         )
         assert streamed.status_code == 413, streamed.text
         assert "max_body_bytes" in streamed.json()["errors"][0]["message"]
 
         # The bulk endpoint takes a larger body than any other call, and has its own bound.
         ids = [f"a{i}" for i in range(30)]
-        bulk = await admin.post("/v1/tenants/t/bulk", json={"apis": [api_body(a, name=a * 40) for a in ids]})
+        bulk = await admin.answer(
+            "POST", "/v1/tenants/t/bulk", json={"apis": [api_body(a, name=a * 40) for a in ids]}
+        )
         assert bulk.status_code == 200, bulk.text
         assert len(bulk.request.content) > 4096
-        huge = await admin.post(
-            "/v1/tenants/t/bulk", json={"apis": [api_body(f"b{i}", name="n" * 900) for i in range(20)]}
+        huge = await admin.answer(
+            "POST",
+            "/v1/tenants/t/bulk",
+            json={"apis": [api_body(f"b{i}", name="n" * 900) for i in range(20)]},
         )
         assert huge.status_code == 413, huge.text
         assert "bulk_max_body_bytes" in huge.text
-        over = await admin.post("/v1/tenants/t/bulk", json={"apis": [api_body(f"c{i}") for i in range(41)]})
+        over = await admin.answer(
+            "POST", "/v1/tenants/t/bulk", json={"apis": [api_body(f"c{i}") for i in range(41)]}
+        )
         assert over.status_code == 422, over.text
         assert "bulk_max_items" in over.text
 
         # 30 APIs is the tenant's limit: one more is refused whichever way it comes.
-        one = await admin.post("/v1/tenants/t/apis", json=api_body("one-more"))
+        one = await admin.answer("POST", "/v1/tenants/t/apis", json=api_body("one-more"))
         assert one.status_code == 422, one.text
         assert "max_routes_per_tenant" in one.text
-        more = await admin.post("/v1/tenants/t/bulk", json={"apis": [api_body("one-more")]})
+        more = await admin.answer("POST", "/v1/tenants/t/bulk", json={"apis": [api_body("one-more")]})
         assert more.status_code == 422, more.text
         assert fields(more) == ["apis"]
         assert "max_routes_per_tenant" in more.text
-        assert len((await admin.get("/v1/tenants/t/apis")).json()) == 30
+        assert len((await admin.answer("GET", "/v1/tenants/t/apis")).json()) == 30
 
 
 async def test_policy_lists_are_bounded_and_the_refusal_names_the_list_and_its_limit(cp_factory) -> None:
     limited = await cp_factory(policy_max_origins=2, policy_max_headers=2, policy_max_addresses=3)
-    async with limited.admin() as admin:
-        assert (await admin.post("/v1/tenants", json={"tenant_id": "t", "name": "T"})).status_code == 201
+    async with limited.client() as admin:
+        assert (
+            await admin.answer("POST", "/v1/tenants", json={"tenant_id": "t", "name": "T"})
+        ).status_code == 201
         origins = [f"https://{n}.example.com" for n in "abc"]
         cases = [
             ("cors", {"allowedOrigins": origins}, "config.allowedOrigins", "policy_max_origins"),
@@ -180,7 +191,7 @@ async def test_policy_lists_are_bounded_and_the_refusal_names_the_list_and_its_l
         ]
         for i, (kind, config, field, setting) in enumerate(cases):
             body = {"policy_id": f"p{i}", "type": kind, "config": config, "scope": "tenant"}
-            response = await admin.post("/v1/tenants/t/policies", json=body)
+            response = await admin.answer("POST", "/v1/tenants/t/policies", json=body)
             assert response.status_code == 422, response.text
             assert fields(response) == [field]
             assert setting in response.json()["errors"][0]["message"]
@@ -190,5 +201,7 @@ async def test_policy_lists_are_bounded_and_the_refusal_names_the_list_and_its_l
             "config": {"allowedOrigins": origins[:2]},
             "scope": "tenant",
         }
-        assert (await admin.post("/v1/tenants/t/policies", json=at_limit)).status_code == 201
-        assert [p["policy_id"] for p in (await admin.get("/v1/tenants/t/policies")).json()] == ["ok"]
+        assert (await admin.answer("POST", "/v1/tenants/t/policies", json=at_limit)).status_code == 201
+        assert [p["policy_id"] for p in (await admin.answer("GET", "/v1/tenants/t/policies")).json()] == [
+            "ok"
+        ]

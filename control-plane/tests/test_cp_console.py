@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import httpx
 import pytest
 import stoa_cp
 
@@ -17,8 +16,8 @@ STATIC = Path(stoa_cp.__file__).parent / "console"
 
 @pytest.mark.parametrize("path", ["/console", "/console/", "/console/callback?code=x&state=y"])
 async def test_the_page_is_served_without_a_credential_and_with_a_strict_policy(cp, idp, path):
-    async with httpx.AsyncClient(base_url=cp.url) as client:
-        reply = await client.get(path)
+    async with cp.client(None) as client:
+        reply = await client.answer("GET", path)
     assert reply.status_code == 200
     assert reply.headers["content-type"].startswith("text/html")
     policy = reply.headers["content-security-policy"]
@@ -30,8 +29,8 @@ async def test_the_page_is_served_without_a_credential_and_with_a_strict_policy(
 
 
 async def test_the_sign_in_settings_name_the_issuer_and_the_claims(cp, idp):
-    async with httpx.AsyncClient(base_url=cp.url) as client:
-        config = (await client.get("/console/config.json")).json()
+    async with cp.client(None) as client:
+        config = (await client.answer("GET", "/console/config.json")).json()
     assert config == {
         "issuer": idp.issuer,
         "client_id": "stoa-console",
@@ -42,16 +41,18 @@ async def test_the_sign_in_settings_name_the_issuer_and_the_claims(cp, idp):
 
 async def test_a_console_issuer_of_its_own_is_the_one_signed_in_at(cp_factory, idp):
     other = await cp_factory(oidc_issuers=[idp.issuer], console_issuer="http://127.0.0.1:1/idp")
-    async with httpx.AsyncClient(base_url=other.url) as client:
-        assert (await client.get("/console/config.json")).json()["issuer"] == "http://127.0.0.1:1/idp"
-        policy = (await client.get("/console")).headers["content-security-policy"]
+    async with other.client(None) as client:
+        assert (await client.answer("GET", "/console/config.json")).json()[
+            "issuer"
+        ] == "http://127.0.0.1:1/idp"
+        policy = (await client.answer("GET", "/console")).headers["content-security-policy"]
     assert "connect-src 'self' http://127.0.0.1:1;" in policy
 
 
 async def test_the_modules_are_served_as_javascript_and_the_page_is_not_in_the_api_document(cp):
-    async with httpx.AsyncClient(base_url=cp.url) as client:
-        script = await client.get("/console/static/app.js")
-        spec = (await client.get("/openapi.json")).json()
+    async with cp.client(None) as client:
+        script = await client.answer("GET", "/console/static/app.js")
+        spec = (await client.answer("GET", "/openapi.json")).json()
     assert script.status_code == 200
     assert script.headers["content-type"].startswith("text/javascript")
     assert not [p for p in spec["paths"] if p.startswith("/console")]

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from stoa_harness.cp_client import AsyncCPClient, fresh_id
 from stoa_harness.postgres import EmbeddedPostgres
 from stoa_harness.wait import wait_until_async
 
@@ -52,31 +53,33 @@ async def test_a_frozen_database_gets_503_within_the_bounds_and_a_refused_write_
     own_pg, cp_factory
 ) -> None:
     cp = await cp_factory(own_pg.dsn, **BOUNDS)
-    async with cp.admin() as admin:
-        assert (await admin.post("/v1/tenants", json={"tenant_id": "before", "name": "B"})).status_code == 201
+    async with cp.client() as admin:
+        assert (
+            await admin.answer("POST", "/v1/tenants", json={"tenant_id": "before", "name": "B"})
+        ).status_code == 201
         with own_pg.frozen():
             ready, read, write = await asyncio.gather(
-                timed(admin.get("/health/ready")),
-                timed(admin.get("/v1/tenants")),
-                timed(admin.post("/v1/tenants", json={"tenant_id": "during", "name": "D"})),
+                timed(admin.answer("GET", "/health/ready")),
+                timed(admin.answer("GET", "/v1/tenants")),
+                timed(admin.answer("POST", "/v1/tenants", json={"tenant_id": "during", "name": "D"})),
             )
             assert ready[0].status_code == 503, ready[0].text
             assert ready[1] < 1.0 + 1.5, f"/health/ready answered after {ready[1]:.1f}s"
             assert_unavailable(*read)
             assert_unavailable(*write)
             # Still frozen, a second round: the CP did not leave itself stuck behind the first one.
-            again = await timed(admin.get("/v1/gateways"))
+            again = await timed(admin.answer("GET", "/v1/gateways"))
             assert_unavailable(*again)
         await api_ready(admin)
-        names = [t["tenant_id"] for t in (await admin.get("/v1/tenants")).json()]
+        names = [t["tenant_id"] for t in (await admin.answer("GET", "/v1/tenants")).json()]
         assert names == ["before"]
-        retried = await admin.post("/v1/tenants", json={"tenant_id": "during", "name": "D"})
+        retried = await admin.answer("POST", "/v1/tenants", json={"tenant_id": "during", "name": "D"})
         assert retried.status_code == 201, retried.text
 
 
-async def api_ready(admin: httpx.AsyncClient) -> None:
+async def api_ready(admin: AsyncCPClient) -> None:
     async def ready() -> bool:
-        return (await admin.get("/health/ready")).status_code == 200
+        return (await admin.answer("GET", "/health/ready")).status_code == 200
 
     await wait_until_async(ready, 30, "the CP ready again")
 
@@ -89,37 +92,37 @@ async def test_a_write_whose_client_gave_up_before_the_commit_is_not_stored(
         own_pg.dsn, **{**BOUNDS, "db_statement_timeout_s": 20.0, "db_transaction_timeout_s": 30.0}
     )
     caplog.set_level(logging.INFO, logger="stoa_cp")
-    async with cp.admin() as admin:
+    async with cp.client() as admin:
         with own_pg.frozen(), pytest.raises(httpx.ReadTimeout):
-            await admin.post("/v1/tenants", json={"tenant_id": "gave-up", "name": "G"}, timeout=0.5)
+            await admin.answer("POST", "/v1/tenants", json={"tenant_id": "gave-up", "name": "G"}, timeout=0.5)
         # The database answers again; the CP, still in its bounds, finds its client gone.
         await wait_until_async(
             lambda: any("client gone" in r.getMessage() for r in caplog.records), 30, "the CP to roll back"
         )
-        names = [t["tenant_id"] for t in (await admin.get("/v1/tenants")).json()]
+        names = [t["tenant_id"] for t in (await admin.answer("GET", "/v1/tenants")).json()]
         assert "gave-up" not in names
-        again = await admin.post("/v1/tenants", json={"tenant_id": "gave-up", "name": "G"})
+        again = await admin.answer("POST", "/v1/tenants", json={"tenant_id": "gave-up", "name": "G"})
         assert again.status_code == 201, again.text
 
 
 async def test_a_cleanly_stopped_database_gets_503_not_500(own_pg, cp_factory) -> None:
     cp = await cp_factory(own_pg.dsn, **BOUNDS)
-    async with cp.admin() as admin:
+    async with cp.client() as admin:
         own_pg.stop_server()
         for call in (
-            admin.get("/v1/tenants"),
-            admin.post("/v1/tenants", json={"tenant_id": "after", "name": "A"}),
-            admin.get("/v1/gateways/gw/status"),
+            admin.answer("GET", "/v1/tenants"),
+            admin.answer("POST", "/v1/tenants", json={"tenant_id": "after", "name": "A"}),
+            admin.answer("GET", "/v1/gateways/gw/status"),
         ):
             assert_unavailable(*(await timed(call)))
-        assert (await admin.get("/health/ready")).status_code == 503
+        assert (await admin.answer("GET", "/health/ready")).status_code == 503
 
 
 async def test_a_repeated_create_with_the_same_body_answers_the_stored_resource(api) -> None:
-    tenant_id = await api.tenant()
-    gateway_id, _ = await api.gateway()
+    tenant_id = await api.new_tenant()
+    gateway_id, _ = await api.new_gateway()
     api_id = await api.new_api(tenant_id)
-    await api.deploy(gateway_id, api_id)
+    await api.deploy(api_id, gateway_id)
     generation = await api.generation(gateway_id)
     key = {"kty": "OKP", "crv": "Ed25519", "kid": "k1", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}
     other_key = {**key, "kid": "k2"}
@@ -131,12 +134,12 @@ async def test_a_repeated_create_with_the_same_body_answers_the_stored_resource(
         (f"/v1/tenants/{tenant_id}/apis", {"api_id": "again-api", **api_fields}, {"methods": ["POST"]}),
         (
             f"/v1/tenants/{tenant_id}/policies",
-            {"policy_id": api.uid("p"), "scope": "tenant", **policy},
+            {"policy_id": fresh_id("p"), "scope": "tenant", **policy},
             {"config": {"maxRequests": 6, "intervalSeconds": 1}},
         ),
         (
             f"/v1/gateways/{gateway_id}/policies",
-            {"policy_id": api.uid("p"), "type": "cors", "config": {"allowedOrigins": ["https://a.example"]}},
+            {"policy_id": fresh_id("p"), "type": "cors", "config": {"allowedOrigins": ["https://a.example"]}},
             {"config": {"allowedOrigins": ["https://b.example"]}},
         ),
         (
@@ -146,13 +149,13 @@ async def test_a_repeated_create_with_the_same_body_answers_the_stored_resource(
         ),
     ]
     for path, body, change in cases:
-        first = await api.admin.post(path, json=body)
+        first = await api.answer("POST", path, json=body)
         assert first.status_code == 201, (path, first.text)
-        again = await api.admin.post(path, json=body)
+        again = await api.answer("POST", path, json=body)
         assert again.status_code == 200, (path, again.text)
         expected = {**first.json(), "credential": None} if "credential" in first.json() else first.json()
         assert again.json() == expected, path
-        different = await api.admin.post(path, json={**body, **change})
+        different = await api.answer("POST", path, json={**body, **change})
         assert different.status_code == 409, (path, different.text)
     # Two tenant policies and an issuer were created; the repeats added no generation of their own.
     assert await api.generation(gateway_id) == generation + 3

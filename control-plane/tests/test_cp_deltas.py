@@ -7,9 +7,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-import httpx
 from google.protobuf import json_format
+from httpx_sse import ServerSentEvent, aconnect_sse
 from joserfc.jwk import OKPKey
+from stoa_harness.cp_client import fresh_id
 from stoa_proto import inventory_pb2
 from stoa_proto.inventory_delta import Elements, inventory_hash
 
@@ -21,25 +22,14 @@ def _jwks(kid: str) -> dict:
 class DeltaReader:
     """Follows a delta stream as a Link does, applying each delta to the last complete inventory."""
 
-    def __init__(self, response: httpx.Response) -> None:
-        self.lines = response.aiter_lines()
+    def __init__(self, events: AsyncIterator[ServerSentEvent]) -> None:
+        self.events = events
         self.held: Elements | None = None
 
     async def next(self) -> tuple[str, str, str]:
-        event, event_id, data = "", "", []
-        async for line in self.lines:
-            if line == "":
-                if data:
-                    return event, event_id, "\n".join(data)
-                continue
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "event":
-                event = value
-            elif name == "id":
-                event_id = value
-            elif name == "data":
-                data.append(value)
+        async for sse in self.events:
+            if sse.data:  # a frame without data is not an event (httpx_sse yields it; a Link skips it)
+                return sse.event, sse.id, sse.data
         raise AssertionError("stream ended")
 
     async def follow(self) -> tuple[str, int, int]:
@@ -58,22 +48,21 @@ class DeltaReader:
 
 @contextlib.asynccontextmanager
 async def delta_stream(
-    base_url: str, gateway_id: str, credential: str, last_id: str | None = None
+    cp, gateway_id: str, credential: str, last_id: str | None = None
 ) -> AsyncIterator[DeltaReader]:
-    headers = {"authorization": f"Bearer {credential}"}
-    if last_id is not None:
-        headers["last-event-id"] = last_id
+    headers = {"last-event-id": last_id} if last_id is not None else {}
+    path = f"/v1/gateways/{gateway_id}/events?deltas=true"
     async with (
-        httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(10, read=30)) as client,
-        client.stream("GET", f"/v1/gateways/{gateway_id}/events?deltas=true", headers=headers) as response,
+        cp.client(credential, timeout=30) as client,
+        aconnect_sse(client.http, "GET", path, headers=headers) as source,
     ):
-        assert response.status_code == 200
-        yield DeltaReader(response)
+        assert source.response.status_code == 200
+        yield DeltaReader(source.aiter_sse())
 
 
-async def _config(api, gateway_id: str, credential: str) -> inventory_pb2.Inventory:
-    async with api.cp.gateway(credential) as link:
-        response = await link.get(f"/v1/gateways/{gateway_id}/config")
+async def _config(cp, gateway_id: str, credential: str) -> inventory_pb2.Inventory:
+    async with cp.client(credential) as link:
+        response = await link.answer("GET", f"/v1/gateways/{gateway_id}/config")
     return json_format.Parse(response.text, inventory_pb2.Inventory())
 
 
@@ -81,20 +70,20 @@ def _sorted(inventory: inventory_pb2.Inventory) -> inventory_pb2.Inventory:
     return Elements.of(inventory).inventory()
 
 
-async def test_every_kind_of_change_arrives_as_a_delta_that_rebuilds_the_config(api) -> None:
-    tenant_id, other_tenant = await api.tenant(), await api.tenant()
-    gateway_id, credential = await api.gateway()
+async def test_every_kind_of_change_arrives_as_a_delta_that_rebuilds_the_config(api, cp) -> None:
+    tenant_id, other_tenant = await api.new_tenant(), await api.new_tenant()
+    gateway_id, credential = await api.new_gateway()
     first_api = await api.new_api(tenant_id, auth={"scopes": ["orders:read"], "forward_credential": True})
-    await api.deploy(gateway_id, first_api)
-    client = api.client
+    await api.deploy(first_api, gateway_id)
+    client = api
 
-    async with delta_stream(api.cp.url, gateway_id, credential) as sse:
+    async with delta_stream(cp, gateway_id, credential) as sse:
         assert (await sse.follow())[:2] == ("inventory", 2)
 
         async def check(change: str) -> int:
             event, generation, size = await sse.follow()
             assert event == "delta", change
-            config = await _config(api, gateway_id, credential)
+            config = await _config(cp, gateway_id, credential)
             assert config.generation == generation, change
             assert sse.held is not None
             assert sse.held.inventory() == _sorted(config), change
@@ -102,10 +91,10 @@ async def test_every_kind_of_change_arrives_as_a_delta_that_rebuilds_the_config(
             return size
 
         second_api = await api.new_api(tenant_id, methods=["GET", "POST"], timeout_ms=1500)
-        await api.deploy(gateway_id, second_api)
+        await api.deploy(second_api, gateway_id)
         await check("a route added (and the tenant's policies' applicable lists)")
         await client.create_policy(
-            api.uid("p"),
+            fresh_id("p"),
             "cors",
             {"allowedOrigins": ["https://a.example"]},
             tenant_id=tenant_id,
@@ -113,14 +102,14 @@ async def test_every_kind_of_change_arrives_as_a_delta_that_rebuilds_the_config(
         )
         await check("a tenant policy")
         await client.create_policy(
-            api.uid("p"),
+            fresh_id("p"),
             "rate_limit",
             {"maxRequests": 5, "intervalSeconds": 1},
             tenant_id=None,
             gateway_id=gateway_id,
         )
         await check("a gateway policy")
-        api_policy = api.uid("p")
+        api_policy = fresh_id("p")
         await client.create_policy(
             api_policy,
             "ip_filter",
@@ -142,11 +131,11 @@ async def test_every_kind_of_change_arrives_as_a_delta_that_rebuilds_the_config(
 
         # Another tenant's first route brings its policies and issuer; its last route takes them away.
         await client.create_policy(
-            api.uid("p"), "cors", {"allowedOrigins": ["*"]}, tenant_id=other_tenant, scope="tenant"
+            fresh_id("p"), "cors", {"allowedOrigins": ["*"]}, tenant_id=other_tenant, scope="tenant"
         )
         await client.add_issuer(other_tenant, "https://other.example", jwks=_jwks("k2"))
         foreign_api = await api.new_api(other_tenant)
-        await api.deploy(gateway_id, foreign_api)
+        await api.deploy(foreign_api, gateway_id)
         await check("a new tenant's route")
         held = sse.held.inventory()
         assert {p.tenant_id for p in held.policies} >= {tenant_id, other_tenant}
@@ -156,7 +145,7 @@ async def test_every_kind_of_change_arrives_as_a_delta_that_rebuilds_the_config(
         held = sse.held.inventory()
         assert other_tenant not in {i.tenant_id for i in held.issuers}
         assert [t.route_id for t in held.tombstones] == [foreign_api]
-        await api.deploy(gateway_id, foreign_api)
+        await api.deploy(foreign_api, gateway_id)
         await check("redeployed (the tombstone leaves)")
         await client.delete_policy(api_policy, tenant_id=tenant_id)
         await check("a policy deleted")
@@ -166,8 +155,8 @@ async def test_every_kind_of_change_arrives_as_a_delta_that_rebuilds_the_config(
         await check("an API deleted")
 
         # An MCP route brings its tenant's tools; a tool edit and its backing API's edit travel too.
-        mcp_api = api.uid("mcp")
-        await client.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{api.uid('m')}")
+        mcp_api = fresh_id("mcp")
+        await client.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{fresh_id('m')}")
         await client.create_tool(
             "get_order",
             tenant_id=tenant_id,
@@ -178,7 +167,7 @@ async def test_every_kind_of_change_arrives_as_a_delta_that_rebuilds_the_config(
             path_template="/orders/{id}",
         )
         await check("a tool (not shipped: no MCP route here yet)")
-        await api.deploy(gateway_id, mcp_api)
+        await api.deploy(mcp_api, gateway_id)
         await check("an MCP route and its tenant's tool")
         assert [t.name for t in sse.held.inventory().tools] == ["get_order"]
         await client.update_api(first_api, {**updated, "timeout_ms": 2500}, tenant_id=tenant_id)
@@ -187,8 +176,8 @@ async def test_every_kind_of_change_arrives_as_a_delta_that_rebuilds_the_config(
         await check("a tool deleted")
 
         # Consumers, keys, plans and subscriptions travel too; a revocation is in the very next delta.
-        keyed = await api.new_api(tenant_id, auth={"mode": "api_key"}, path_prefix=f"/{api.uid('k')}")
-        await api.deploy(gateway_id, keyed)
+        keyed = await api.new_api(tenant_id, auth={"mode": "api_key"}, path_prefix=f"/{fresh_id('k')}")
+        await api.deploy(keyed, gateway_id)
         await check("an api_key route")
         await client.create_consumer("acme", tenant_id=tenant_id, client_ids=["acme-app"])
         await check("a consumer")
@@ -210,21 +199,21 @@ async def test_every_kind_of_change_arrives_as_a_delta_that_rebuilds_the_config(
         assert (sse.held.inventory().consumers, sse.held.inventory().subscriptions) == ([], [])
 
 
-async def test_resume_sends_the_held_deltas_or_the_complete_inventory(api, cp_factory) -> None:
-    tenant_id = await api.tenant()
-    gateway_id, credential = await api.gateway()
+async def test_resume_sends_the_held_deltas_or_the_complete_inventory(api, cp, cp_factory) -> None:
+    tenant_id = await api.new_tenant()
+    gateway_id, credential = await api.new_gateway()
     apis = [await api.new_api(tenant_id) for _ in range(3)]
-    async with delta_stream(api.cp.url, gateway_id, credential) as sse:
+    async with delta_stream(cp, gateway_id, credential) as sse:
         assert (await sse.follow())[:2] == ("inventory", 1)
         for api_id in apis:
-            await api.deploy(gateway_id, api_id)
+            await api.deploy(api_id, gateway_id)
             assert (await sse.follow())[:2] == ("delta", (await api.generation(gateway_id)))
         held = sse.held
     assert held is not None
     assert held.generation == 4
 
     # Resumed at 2: the deltas 2→3 and 3→4 that this process holds.
-    async with delta_stream(api.cp.url, gateway_id, credential, last_id="2") as sse:
+    async with delta_stream(cp, gateway_id, credential, last_id="2") as sse:
         event, event_id, data = await sse.next()
         delta = json_format.Parse(data, inventory_pb2.InventoryDelta())
         assert (event, event_id, delta.base_generation) == ("delta", "3", 2)
@@ -232,37 +221,37 @@ async def test_resume_sends_the_held_deltas_or_the_complete_inventory(api, cp_fa
         assert (await sse.next())[1] == "4"
 
     # Several changes while nobody follows: one delta covers them (base 4 → 6).
-    await api.client.undeploy(apis[0], gateway_id)
-    await api.client.undeploy(apis[1], gateway_id)
-    async with delta_stream(api.cp.url, gateway_id, credential, last_id="4") as sse:
+    await api.undeploy(apis[0], gateway_id)
+    await api.undeploy(apis[1], gateway_id)
+    async with delta_stream(cp, gateway_id, credential, last_id="4") as sse:
         sse.held = held
         assert (await sse.follow())[:2] == ("delta", 6)
-        assert sse.held.inventory() == _sorted(await _config(api, gateway_id, credential))
+        assert sse.held.inventory() == _sorted(await _config(cp, gateway_id, credential))
 
     # Another CP process on the same database never saw generation 4: it sends everything.
-    other = await cp_factory(api.cp.dsn)
-    async with delta_stream(other.url, gateway_id, credential, last_id="4") as sse:
+    other = await cp_factory(cp.dsn)
+    async with delta_stream(other, gateway_id, credential, last_id="4") as sse:
         assert (await sse.follow())[:2] == ("inventory", 6)
 
 
 async def test_a_state_older_than_the_kept_removals_is_read_whole_and_still_gives_deltas(
-    api, monkeypatch
+    api, cp, monkeypatch
 ) -> None:
     """Past the retention of inventory_removals, the CP reads the gateway whole and compares: the
     deltas it sends are the same as when it reads only what changed."""
     from stoa_cp.store import changes
 
-    tenant_id = await api.tenant()
-    gateway_id, credential = await api.gateway()
+    tenant_id = await api.new_tenant()
+    gateway_id, credential = await api.new_gateway()
     kept, gone = await api.new_api(tenant_id), await api.new_api(tenant_id)
-    await api.deploy(gateway_id, kept)
-    await api.deploy(gateway_id, gone)
-    async with delta_stream(api.cp.url, gateway_id, credential) as sse:
+    await api.deploy(kept, gateway_id)
+    await api.deploy(gone, gateway_id)
+    async with delta_stream(cp, gateway_id, credential) as sse:
         assert (await sse.follow())[:2] == ("inventory", 3)
         monkeypatch.setattr(changes, "RETENTION_S", -1.0)
-        await api.client.undeploy(gone, gateway_id)
+        await api.undeploy(gone, gateway_id)
         assert (await sse.follow())[:2] == ("delta", 4)
-        await api.deploy(gateway_id, await api.new_api(tenant_id))
+        await api.deploy(await api.new_api(tenant_id), gateway_id)
         assert (await sse.follow())[:2] == ("delta", 5)
         assert sse.held is not None
-        assert sse.held.inventory() == _sorted(await _config(api, gateway_id, credential))
+        assert sse.held.inventory() == _sorted(await _config(cp, gateway_id, credential))

@@ -73,64 +73,65 @@ class SseReader:
 
 @contextlib.asynccontextmanager
 async def stream(
-    base_url: str, gateway_id: str, credential: str, last_id: str | None = None
+    url: str, gateway_id: str, credential: str, last_id: str | None = None
 ) -> AsyncIterator[SseReader]:
-    headers = {"authorization": f"Bearer {credential}", "accept": "text/event-stream"}
+    headers = {"accept": "text/event-stream"}
     if last_id is not None:
         headers["last-event-id"] = last_id
     async with (
-        httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(10, read=30)) as client,
-        client.stream("GET", f"/v1/gateways/{gateway_id}/events", headers=headers) as response,
+        AsyncCPClient(url, credential, timeout=30) as client,
+        client.http.stream("GET", f"/v1/gateways/{gateway_id}/events", headers=headers) as response,
     ):
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         yield SseReader(response)
 
 
-async def test_stream_sends_current_then_each_change_with_config_json(api) -> None:
-    tenant_id = await api.tenant()
-    gateway_id, credential = await api.gateway()
-    async with stream(api.cp.url, gateway_id, credential) as sse:
+async def test_stream_sends_current_then_each_change_with_config_json(api, cp) -> None:
+    tenant_id = await api.new_tenant()
+    gateway_id, credential = await api.new_gateway()
+    async with stream(cp.url, gateway_id, credential) as sse:
         first = await sse.next_event()
         assert (first.event, first.id) == ("inventory", "1")
-        assert json.loads(first.data) == await api.inventory(gateway_id, credential)
+        assert json.loads(first.data) == await api.inventory(gateway_id, credential=credential)
 
         api_id = await api.new_api(tenant_id)
-        generation = await api.deploy(gateway_id, api_id)
+        generation = await api.deploy(api_id, gateway_id)
         second = await sse.next_event()
         assert second.id == str(generation) == "2"
         doc = json.loads(second.data)
-        assert doc == await api.inventory(gateway_id, credential)
+        assert doc == await api.inventory(gateway_id, credential=credential)
         assert [r["route_id"] for r in doc["routes"]] == [api_id]
 
         # A change on another gateway is not streamed here; the next event is this gateway's next change.
-        other, _ = await api.gateway()
-        await api.deploy(other, api_id)
-        await api.client.undeploy(api_id, gateway_id)
+        other, _ = await api.new_gateway()
+        await api.deploy(api_id, other)
+        await api.undeploy(api_id, gateway_id)
         third = await sse.next_event()
         assert third.id == "3"
         assert json.loads(third.data)["tombstones"] == [{"route_id": api_id, "generation": "3"}]
 
 
-async def test_resume_with_last_event_id_sends_only_newer_generations(api) -> None:
-    tenant_id = await api.tenant()
-    gateway_id, credential = await api.gateway()
+async def test_resume_with_last_event_id_sends_only_newer_generations(api, cp) -> None:
+    tenant_id = await api.new_tenant()
+    gateway_id, credential = await api.new_gateway()
     api_id = await api.new_api(tenant_id)
-    await api.deploy(gateway_id, api_id)  # generation 2
+    await api.deploy(api_id, gateway_id)  # generation 2
 
-    async with stream(api.cp.url, gateway_id, credential, last_id="1") as sse:
+    async with stream(cp.url, gateway_id, credential, last_id="1") as sse:
         assert (await sse.next_event()).id == "2"
 
-    async with stream(api.cp.url, gateway_id, credential, last_id="2") as sse:
+    async with stream(cp.url, gateway_id, credential, last_id="2") as sse:
         # Nothing above 2 yet: only keep-alive comments until the next change.
         assert (await sse.comment(within=5)).startswith(":")
-        await api.client.undeploy(api_id, gateway_id)
+        await api.undeploy(api_id, gateway_id)
         event = await sse.next_event()
         assert event.id == "3"
         assert json.loads(event.data)["generation"] == "3"
 
-    async with httpx.AsyncClient(base_url=api.cp.url) as client:
-        bad = await client.get(
+    async with cp.client(None) as client:
+        bad = await client.answer(
+            "GET",
             f"/v1/gateways/{gateway_id}/events",
             headers={"authorization": f"Bearer {credential}", "last-event-id": "abc"},
         )
@@ -138,15 +139,15 @@ async def test_resume_with_last_event_id_sends_only_newer_generations(api) -> No
     assert bad.json()["errors"][0]["field"] == "Last-Event-ID"
 
 
-async def test_lost_listen_connection_is_reopened_and_streams_catch_up(api) -> None:
+async def test_lost_listen_connection_is_reopened_and_streams_catch_up(api, cp) -> None:
     """The LISTEN connection dropping loses the notifications of that moment; after it comes back,
     every open stream re-reads its generation, so the change made meanwhile is still streamed."""
-    tenant_id = await api.tenant()
-    gateway_id, credential = await api.gateway()
+    tenant_id = await api.new_tenant()
+    gateway_id, credential = await api.new_gateway()
     api_id = await api.new_api(tenant_id)
-    conn = await asyncpg.connect(api.cp.dsn)
+    conn = await asyncpg.connect(cp.dsn)
     try:
-        async with stream(api.cp.url, gateway_id, credential) as sse:
+        async with stream(cp.url, gateway_id, credential) as sse:
             assert (await sse.next_event()).id == "1"
             killed = await conn.fetchval(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
@@ -155,7 +156,7 @@ async def test_lost_listen_connection_is_reopened_and_streams_catch_up(api) -> N
             )
             assert killed == 1
             # Committed while nobody listens: its NOTIFY reaches no one.
-            generation = await api.deploy(gateway_id, api_id)
+            generation = await api.deploy(api_id, gateway_id)
             event = await sse.next_event(within=20)
             assert event.id == str(generation) == "2"
             assert [r["route_id"] for r in json.loads(event.data)["routes"]] == [api_id]
@@ -168,21 +169,21 @@ async def test_lost_listen_connection_is_reopened_and_streams_catch_up(api) -> N
                 )
                 return bool(count == 1)
 
-            await api.wait_for(listening_again, 20, "the CP to LISTEN again")
+            await wait_until_async(listening_again, 20, "the CP to LISTEN again")
             # And later changes arrive through the new LISTEN connection.
-            await api.client.undeploy(api_id, gateway_id)
+            await api.undeploy(api_id, gateway_id)
             assert (await sse.next_event(within=10)).id == "3"
     finally:
         await conn.close()
 
 
-async def test_several_changes_while_away_resume_with_the_latest_complete_state(api) -> None:
-    tenant_id = await api.tenant()
-    gateway_id, credential = await api.gateway()
+async def test_several_changes_while_away_resume_with_the_latest_complete_state(api, cp) -> None:
+    tenant_id = await api.new_tenant()
+    gateway_id, credential = await api.new_gateway()
     apis = [await api.new_api(tenant_id) for _ in range(3)]
     for api_id in apis:
-        await api.deploy(gateway_id, api_id)  # generations 2, 3, 4
-    async with stream(api.cp.url, gateway_id, credential, last_id="2") as sse:
+        await api.deploy(api_id, gateway_id)  # generations 2, 3, 4
+    async with stream(cp.url, gateway_id, credential, last_id="2") as sse:
         event = await sse.next_event()
     assert event.id == "4"
     assert sorted(r["route_id"] for r in json.loads(event.data)["routes"]) == sorted(apis)
@@ -204,12 +205,12 @@ def _start_cp_process(dsn: str) -> tuple[subprocess.Popen[bytes], str]:
 
 
 async def _wait_ready(proc: subprocess.Popen[bytes], url: str) -> None:
-    async with httpx.AsyncClient(base_url=url, timeout=2) as client:
+    async with AsyncCPClient(url, None, timeout=2) as client:
 
         async def ready() -> bool:
             if proc.poll() is not None:
                 raise GiveUp("CP process exited during start-up")
-            return (await client.get("/health/ready")).status_code == 200
+            return (await client.answer("GET", "/health/ready")).status_code == 200
 
         await wait_until_async(ready, 60, f"the CP at {url} to be ready")
 

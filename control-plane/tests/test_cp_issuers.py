@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from joserfc.jwk import ECKey, OKPKey, RSAKey
+from stoa_harness.wait import wait_until_async
 
 
 def public_jwk(kid: str) -> dict:
@@ -68,9 +69,9 @@ def jwks_server() -> Iterator[JwksServer]:
 
 @pytest.fixture
 async def tenant_on_gateway(api) -> tuple[str, str, str]:
-    tenant_id = await api.tenant()
-    gateway_id, credential = await api.gateway()
-    await api.deploy(gateway_id, await api.new_api(tenant_id))
+    tenant_id = await api.new_tenant()
+    gateway_id, credential = await api.new_gateway()
+    await api.deploy(await api.new_api(tenant_id), gateway_id)
     return tenant_id, gateway_id, credential
 
 
@@ -78,11 +79,11 @@ async def test_issuer_from_jwks_uri_is_fetched_shipped_and_refreshed(
     api, jwks_server, tenant_on_gateway
 ) -> None:
     tenant_id, gateway_id, credential = tenant_on_gateway
-    idle_gateway, _ = await api.gateway()
+    idle_gateway, _ = await api.new_gateway()
     before = await api.generation(gateway_id)
     issuer = "http://127.0.0.1/idp"
-    created = await api.admin.post(
-        f"/v1/tenants/{tenant_id}/issuers", json={"issuer": issuer, "jwks_uri": jwks_server.url}
+    created = await api.answer(
+        "POST", f"/v1/tenants/{tenant_id}/issuers", json={"issuer": issuer, "jwks_uri": jwks_server.url}
     )
     assert created.status_code == 201, created.text
     issuer_id = created.json()["issuer_id"]
@@ -90,40 +91,40 @@ async def test_issuer_from_jwks_uri_is_fetched_shipped_and_refreshed(
     assert await api.generation(gateway_id) == before + 1
     assert await api.generation(idle_gateway) == 1
 
-    inv = await api.inventory(gateway_id, credential)
+    inv = await api.inventory(gateway_id, credential=credential)
     assert [(i["tenant_id"], i["issuer"], i["jwks_uri"]) for i in inv["issuers"]] == [
         (tenant_id, issuer, jwks_server.url)
     ]
     assert json.loads(inv["issuers"][0]["jwks_json"]) == jwks_server.document
 
     # Same keys: refresh changes nothing.
-    same = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers/{issuer_id}/refresh")
+    same = await api.answer("POST", f"/v1/tenants/{tenant_id}/issuers/{issuer_id}/refresh")
     assert same.status_code == 200
     assert same.json()["changed"] is False
     assert await api.generation(gateway_id) == before + 1
 
     # The IdP rotates: refresh ships the new keys in one new generation.
     jwks_server.document = {"keys": [public_jwk("k2"), jwks_server.document["keys"][0]]}
-    rotated = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers/{issuer_id}/refresh")
+    rotated = await api.answer("POST", f"/v1/tenants/{tenant_id}/issuers/{issuer_id}/refresh")
     assert rotated.status_code == 200
     assert rotated.json()["changed"] is True
     assert await api.generation(gateway_id) == before + 2
-    inv = await api.inventory(gateway_id, credential)
+    inv = await api.inventory(gateway_id, credential=credential)
     assert [k["kid"] for k in json.loads(inv["issuers"][0]["jwks_json"])["keys"]] == ["k2", "k1"]
 
     # The IdP fails: 502 naming jwks_uri, previous keys stay in force.
     jwks_server.status = 500
-    failed = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers/{issuer_id}/refresh")
+    failed = await api.answer("POST", f"/v1/tenants/{tenant_id}/issuers/{issuer_id}/refresh")
     assert failed.status_code == 502
     assert failed.json()["errors"][0]["field"] == "jwks_uri"
     assert await api.generation(gateway_id) == before + 2
-    listed = (await api.admin.get(f"/v1/tenants/{tenant_id}/issuers")).json()
+    listed = (await api.answer("GET", f"/v1/tenants/{tenant_id}/issuers")).json()
     assert [k["kid"] for k in listed[0]["jwks"]["keys"]] == ["k2", "k1"]
     assert "500" in listed[0]["last_error"]
 
-    assert (await api.admin.delete(f"/v1/tenants/{tenant_id}/issuers/{issuer_id}")).status_code == 204
+    assert (await api.answer("DELETE", f"/v1/tenants/{tenant_id}/issuers/{issuer_id}")).status_code == 204
     assert await api.generation(gateway_id) == before + 3
-    assert (await api.inventory(gateway_id, credential))["issuers"] == []
+    assert (await api.inventory(gateway_id, credential=credential))["issuers"] == []
 
 
 async def test_inline_jwks_and_duplicates(api, tenant_on_gateway) -> None:
@@ -131,16 +132,18 @@ async def test_inline_jwks_and_duplicates(api, tenant_on_gateway) -> None:
     rsa = {**RSAKey.generate_key(2048).as_dict(private=False), "kid": "r1"}
     ec = {**ECKey.generate_key("P-256").as_dict(private=False), "kid": "e1"}
     body = {"issuer": "https://idp.example.com", "jwks": {"keys": [rsa, ec]}}
-    created = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers", json=body)
+    created = await api.answer("POST", f"/v1/tenants/{tenant_id}/issuers", json=body)
     assert created.status_code == 201, created.text
     assert created.json()["jwks_uri"] is None
-    repeated = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers", json=body)
+    repeated = await api.answer("POST", f"/v1/tenants/{tenant_id}/issuers", json=body)
     assert repeated.status_code == 200, repeated.text
     assert repeated.json()["issuer_id"] == created.json()["issuer_id"]
-    dup = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers", json={**body, "jwks": {"keys": [rsa]}})
+    dup = await api.answer("POST", f"/v1/tenants/{tenant_id}/issuers", json={**body, "jwks": {"keys": [rsa]}})
     assert dup.status_code == 409
     assert dup.json()["errors"][0]["field"] == "issuer"
-    no_uri = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers/{created.json()['issuer_id']}/refresh")
+    no_uri = await api.answer(
+        "POST", f"/v1/tenants/{tenant_id}/issuers/{created.json()['issuer_id']}/refresh"
+    )
     assert no_uri.status_code == 409
     assert no_uri.json()["errors"][0]["field"] == "jwks_uri"
 
@@ -196,11 +199,11 @@ async def test_bad_issuer_is_422_naming_the_field_and_stores_nothing(
 ) -> None:
     tenant_id, gateway_id, _ = tenant_on_gateway
     before = await api.generation(gateway_id)
-    response = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers", json=body)
+    response = await api.answer("POST", f"/v1/tenants/{tenant_id}/issuers", json=body)
     assert response.status_code == 422, response.text
     assert [e["field"] for e in response.json()["errors"]] == [field]
     assert "s3cret" not in response.text
-    assert (await api.admin.get(f"/v1/tenants/{tenant_id}/issuers")).json() == []
+    assert (await api.answer("GET", f"/v1/tenants/{tenant_id}/issuers")).json() == []
     assert await api.generation(gateway_id) == before
 
 
@@ -219,13 +222,13 @@ async def test_unusable_jwks_uri_is_502_and_stores_nothing(
     else:
         jwks_server.close()
     before = await api.generation(gateway_id)
-    response = await api.admin.post(
-        f"/v1/tenants/{tenant_id}/issuers", json={"issuer": "https://i.example", "jwks_uri": url}
+    response = await api.answer(
+        "POST", f"/v1/tenants/{tenant_id}/issuers", json={"issuer": "https://i.example", "jwks_uri": url}
     )
     # The identity provider failed, not the caller.
     assert response.status_code == 502, response.text
     assert [e["field"] for e in response.json()["errors"]] == ["jwks_uri"]
-    assert (await api.admin.get(f"/v1/tenants/{tenant_id}/issuers")).json() == []
+    assert (await api.answer("GET", f"/v1/tenants/{tenant_id}/issuers")).json() == []
     assert await api.generation(gateway_id) == before
 
 
@@ -248,7 +251,7 @@ async def test_background_refresh_ships_rotated_keys(cp_factory, api, jwks_serve
         async def bumped() -> bool:
             return await generation() == settled + 1
 
-        await api.wait_for(bumped, 10, "the background refresh to publish the rotated keys")
+        await wait_until_async(bumped, 10, "the background refresh to publish the rotated keys")
         async with fast.client(gateway["credential"], gateway_id="gw-rot") as link:
             inv = await link.inventory()
         assert [k["kid"] for k in json.loads(inv["issuers"][0]["jwks_json"])["keys"]] == ["rotated"]
@@ -259,7 +262,7 @@ async def test_background_refresh_ships_rotated_keys(cp_factory, api, jwks_serve
             return listed[0]["fetched_at"] != fetched_at
 
         fetched_at = (await admin.issuers("rot"))[0]["fetched_at"]
-        await api.wait_for(refreshed_again, 10, "another background refresh round")
+        await wait_until_async(refreshed_again, 10, "another background refresh round")
         assert await generation() == settled + 1
 
 
@@ -267,7 +270,8 @@ async def test_a_refreshed_key_set_the_site_would_refuse_is_not_adopted(api, ten
     tenant_id, gateway_id, _ = tenant_on_gateway
     good = {"keys": [public_jwk("good")]}
     jwks_server.document = good
-    issuer = await api.admin.post(
+    issuer = await api.answer(
+        "POST",
         f"/v1/tenants/{tenant_id}/issuers",
         json={"issuer": "https://rot.example", "jwks_uri": jwks_server.url},
     )
@@ -276,9 +280,9 @@ async def test_a_refreshed_key_set_the_site_would_refuse_is_not_adopted(api, ten
     before = await api.generation(gateway_id)
     for weak in ({**weak_rsa_jwk(), "kid": "rsa1024"}, {**p521_jwk(), "kid": "p521"}):
         jwks_server.document = {"keys": [public_jwk("good"), weak]}
-        refreshed = await api.admin.post(f"/v1/tenants/{tenant_id}/issuers/{issuer_id}/refresh")
+        refreshed = await api.answer("POST", f"/v1/tenants/{tenant_id}/issuers/{issuer_id}/refresh")
         assert refreshed.status_code == 502, refreshed.text
-        (listed,) = (await api.admin.get(f"/v1/tenants/{tenant_id}/issuers")).json()
+        (listed,) = (await api.answer("GET", f"/v1/tenants/{tenant_id}/issuers")).json()
         assert listed["jwks"] == good  # the previous keys stay in force
         assert weak["kid"] not in json.dumps(listed["jwks"])
         assert "keys[1]" in listed["last_error"]

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from pydantic import BaseModel, ValidationError
 from stoa_cp import schemas
+from stoa_harness.cp_client import AsyncCPClient
 from stoa_harness.ports import free_port
 from stoa_harness.site import console_script
 from stoa_harness.wait import GiveUp, wait_until_async
@@ -52,8 +53,8 @@ async def test_a_schema_driven_fuzz_run_finds_nothing(pg, tmp_path) -> None:
             if cp.returncode is not None:
                 raise GiveUp(f"the CP stopped during start-up ({cp.returncode})")
             try:
-                async with httpx.AsyncClient(trust_env=False) as client:
-                    return (await client.get(f"{url}/health/ready")).status_code == 200
+                async with AsyncCPClient(url, None) as client:
+                    return (await client.answer("GET", "/health/ready")).status_code == 200
             except httpx.HTTPError:
                 return False
 

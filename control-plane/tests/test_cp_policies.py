@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+from stoa_harness.cp_client import fresh_id
 
 CORS = {
     "allowedOrigins": ["https://app.example.com", "https://*.example.com"],
@@ -80,17 +81,17 @@ BAD_CONFIGS = [
 async def test_bad_config_is_422_naming_the_field_and_changes_nothing(
     api, policy_type, config, field
 ) -> None:
-    tenant_id = await api.tenant()
-    gateway_id, _ = await api.gateway()
-    await api.deploy(gateway_id, await api.new_api(tenant_id))
+    tenant_id = await api.new_tenant()
+    gateway_id, _ = await api.new_gateway()
+    await api.deploy(await api.new_api(tenant_id), gateway_id)
     before = await api.generation(gateway_id)
-    body = {"policy_id": api.uid("p"), "type": policy_type, "config": config, "scope": "tenant"}
-    response = await api.admin.post(f"/v1/tenants/{tenant_id}/policies", json=body)
+    body = {"policy_id": fresh_id("p"), "type": policy_type, "config": config, "scope": "tenant"}
+    response = await api.answer("POST", f"/v1/tenants/{tenant_id}/policies", json=body)
     assert response.status_code == 422, response.text
     assert [e["field"] for e in response.json()["errors"]] == [field]
-    gw_body = {"policy_id": api.uid("p"), "type": policy_type, "config": config}
-    assert (await api.admin.post(f"/v1/gateways/{gateway_id}/policies", json=gw_body)).status_code == 422
-    assert (await api.admin.get(f"/v1/tenants/{tenant_id}/policies")).json() == []
+    gw_body = {"policy_id": fresh_id("p"), "type": policy_type, "config": config}
+    assert (await api.answer("POST", f"/v1/gateways/{gateway_id}/policies", json=gw_body)).status_code == 422
+    assert (await api.answer("GET", f"/v1/tenants/{tenant_id}/policies")).json() == []
     assert await api.generation(gateway_id) == before
 
 
@@ -146,13 +147,13 @@ async def test_bad_config_is_422_naming_the_field_and_changes_nothing(
     ],
 )
 async def test_supported_types_are_stored_in_normal_form(api, policy_type, config, stored) -> None:
-    tenant_id = await api.tenant()
-    policy_id = api.uid("p")
+    tenant_id = await api.new_tenant()
+    policy_id = fresh_id("p")
     body = {"policy_id": policy_id, "type": policy_type, "config": config, "scope": "tenant"}
-    created = await api.admin.post(f"/v1/tenants/{tenant_id}/policies", json=body)
+    created = await api.answer("POST", f"/v1/tenants/{tenant_id}/policies", json=body)
     assert created.status_code == 201, created.text
     assert created.json()["config"] == stored
-    got = (await api.admin.get(f"/v1/tenants/{tenant_id}/policies/{policy_id}")).json()
+    got = (await api.answer("GET", f"/v1/tenants/{tenant_id}/policies/{policy_id}")).json()
     assert (got["type"], got["config"], got["scope"], got["tenant_id"], got["invalid_reason"]) == (
         policy_type,
         stored,
@@ -164,14 +165,14 @@ async def test_supported_types_are_stored_in_normal_form(api, policy_type, confi
 
 @pytest.mark.parametrize("policy_type", ["jwt_validation", "logging", "caching", "waf", "oidc", "new"])
 async def test_an_unsupported_type_is_422_naming_the_supported_ones(api, policy_type) -> None:
-    tenant_id = await api.tenant()
-    gateway_id, _ = await api.gateway()
-    body = {"policy_id": api.uid("p"), "type": policy_type, "config": {}, "scope": "tenant"}
+    tenant_id = await api.new_tenant()
+    gateway_id, _ = await api.new_gateway()
+    body = {"policy_id": fresh_id("p"), "type": policy_type, "config": {}, "scope": "tenant"}
     for url, payload in [
         (f"/v1/tenants/{tenant_id}/policies", body),
         (f"/v1/gateways/{gateway_id}/policies", {k: v for k, v in body.items() if k != "scope"}),
     ]:
-        response = await api.admin.post(url, json=payload)
+        response = await api.answer("POST", url, json=payload)
         assert response.status_code == 422, response.text
         (error,) = response.json()["errors"]
         assert error["field"] == "type"
@@ -179,12 +180,12 @@ async def test_an_unsupported_type_is_422_naming_the_supported_ones(api, policy_
             f"{policy_type!r} is not a supported type "
             "(supported: cors, rate_limit, ip_filter, guardrails, transform, opa, compression, token_budget)"
         )
-    assert (await api.admin.get(f"/v1/tenants/{tenant_id}/policies")).json() == []
+    assert (await api.answer("GET", f"/v1/tenants/{tenant_id}/policies")).json() == []
 
 
 async def test_policy_shape_errors(api) -> None:
-    tenant_id = await api.tenant()
-    foreign = await api.tenant()
+    tenant_id = await api.new_tenant()
+    foreign = await api.new_tenant()
     foreign_api = await api.new_api(foreign)
     base = {"type": "rate_limit", "config": {"maxRequests": 1, "intervalSeconds": 1}}
     cases = [
@@ -196,37 +197,37 @@ async def test_policy_shape_errors(api) -> None:
         ({"scope": "tenant", "config": {}}, "type", 422),
     ]
     for body, field, status in cases:
-        response = await api.admin.post(
-            f"/v1/tenants/{tenant_id}/policies", json={"policy_id": api.uid("p"), **body}
+        response = await api.answer(
+            "POST", f"/v1/tenants/{tenant_id}/policies", json={"policy_id": fresh_id("p"), **body}
         )
         assert response.status_code == status, (body, response.text)
         assert field in [e["field"] for e in response.json()["errors"]], response.text
-    policy_id = api.uid("p")
+    policy_id = fresh_id("p")
     ok = {"policy_id": policy_id, **base, "scope": "tenant"}
-    assert (await api.admin.post(f"/v1/tenants/{tenant_id}/policies", json=ok)).status_code == 201
-    dup = await api.admin.post(f"/v1/tenants/{foreign}/policies", json=ok)
+    assert (await api.answer("POST", f"/v1/tenants/{tenant_id}/policies", json=ok)).status_code == 201
+    dup = await api.answer("POST", f"/v1/tenants/{foreign}/policies", json=ok)
     assert dup.status_code == 409
     assert dup.json()["errors"][0]["field"] == "policy_id"
-    unknown = await api.admin.post("/v1/tenants/nobody/policies", json={**ok, "policy_id": api.uid("p")})
+    unknown = await api.answer("POST", "/v1/tenants/nobody/policies", json={**ok, "policy_id": fresh_id("p")})
     assert unknown.status_code == 404
     assert unknown.json()["errors"][0]["field"] == "tenant_id"
-    assert (await api.admin.get(f"/v1/tenants/{foreign}/policies/{policy_id}")).status_code == 404
+    assert (await api.answer("GET", f"/v1/tenants/{foreign}/policies/{policy_id}")).status_code == 404
 
 
 @pytest.fixture
 async def layout(api) -> dict:
     """Tenants A (apis a1, a2, a3) and B (b1); g1 serves a1, a2, b1; g2 serves a1; g3 serves b1;
     g4 serves nothing. a3 is deployed nowhere."""
-    ta, tb = await api.tenant(), await api.tenant()
+    ta, tb = await api.new_tenant(), await api.new_tenant()
     ids = {"ta": ta, "tb": tb}
     for name, tenant in (("a1", ta), ("a2", ta), ("a3", ta), ("b1", tb)):
-        ids[name] = await api.new_api(tenant, api_id=api.uid(name))
+        ids[name] = await api.new_api(tenant, api_id=fresh_id(name))
     creds = {}
     for g in ("g1", "g2", "g3", "g4"):
-        ids[g], creds[g] = await api.gateway()
+        ids[g], creds[g] = await api.new_gateway()
     for g, apis in (("g1", ("a1", "a2", "b1")), ("g2", ("a1",)), ("g3", ("b1",))):
         for a in apis:
-            await api.deploy(ids[g], ids[a])
+            await api.deploy(ids[a], ids[g])
     ids["creds"] = creds
     return ids
 
@@ -247,7 +248,7 @@ ATTRIBUTION = [
 async def test_attribution_and_reach(api, layout, how, expected) -> None:
     kind, _, rest = how.partition(" ")
     owner, _, targets = rest.partition(" ")
-    policy_id = api.uid("p")
+    policy_id = fresh_id("p")
     gateways = ("g1", "g2", "g3", "g4")
     before = await api.generations(*(layout[g] for g in gateways))
     config = {"maxRequests": 5, "intervalSeconds": 1}
@@ -258,13 +259,13 @@ async def test_attribution_and_reach(api, layout, how, expected) -> None:
         owned = {"tenant_id": layout["t" + owner.lower()]}
         names = [n for n in targets.strip("[]").split(", ") if n]
         placement = {"scope": kind, "targets": [layout[n] for n in names]}
-    await api.client.create_policy(policy_id, "rate_limit", config, **owned, **placement)
+    await api.create_policy(policy_id, "rate_limit", config, **owned, **placement)
 
     after = await api.generations(*(layout[g] for g in gateways))
     for g, b, a in zip(gateways, before, after, strict=True):
         # Exactly the gateways whose inventory lists the policy got one new generation.
         assert a == b + (0 if expected[g] is None else 1), g
-        inv = await api.inventory(layout[g], layout["creds"][g])
+        inv = await api.inventory(layout[g], credential=layout["creds"][g])
         listed = [p for p in inv["policies"] if p["policy_id"] == policy_id]
         if expected[g] is None:
             assert listed == [], g
@@ -277,7 +278,7 @@ async def test_attribution_and_reach(api, layout, how, expected) -> None:
         assert policy["rate_limit"] == {"max_requests": 5, "interval_seconds": 1}
 
     # Delete bumps the same gateways once more.
-    await api.client.delete_policy(policy_id, **owned)
+    await api.delete_policy(policy_id, **owned)
     final = await api.generations(*(layout[g] for g in gateways))
     assert [f - a for f, a in zip(final, after, strict=True)] == [
         0 if expected[g] is None else 1 for g in gateways
@@ -286,43 +287,47 @@ async def test_attribution_and_reach(api, layout, how, expected) -> None:
 
 async def test_policy_update_bumps_once_and_identical_update_not_at_all(api, layout) -> None:
     ta = layout["ta"]
-    policy_id = api.uid("p")
+    policy_id = fresh_id("p")
     body = {"type": "cors", "config": {"allowedOrigins": ["https://a.example.com"]}, "scope": "tenant"}
-    await api.client.create_policy(policy_id, "cors", body["config"], tenant_id=ta, scope="tenant")
+    await api.create_policy(policy_id, "cors", body["config"], tenant_id=ta, scope="tenant")
     before = await api.generations(layout["g1"], layout["g3"])
-    assert (await api.admin.put(f"/v1/tenants/{ta}/policies/{policy_id}", json=body)).status_code == 200
+    assert (await api.answer("PUT", f"/v1/tenants/{ta}/policies/{policy_id}", json=body)).status_code == 200
     assert await api.generations(layout["g1"], layout["g3"]) == before
     changed = {**body, "scope": "api", "targets": [layout["a2"]]}
-    updated = await api.admin.put(f"/v1/tenants/{ta}/policies/{policy_id}", json=changed)
+    updated = await api.answer("PUT", f"/v1/tenants/{ta}/policies/{policy_id}", json=changed)
     assert updated.status_code == 200
     assert updated.json()["scope"] == "api"
     assert await api.generations(layout["g1"], layout["g3"]) == [before[0] + 1, before[1]]
     bad = {**changed, "config": {"allowedOrigins": ["*"], "allowCredentials": True}}
-    assert (await api.admin.put(f"/v1/tenants/{ta}/policies/{policy_id}", json=bad)).status_code == 422
+    assert (await api.answer("PUT", f"/v1/tenants/{ta}/policies/{policy_id}", json=bad)).status_code == 422
     assert await api.generations(layout["g1"], layout["g3"]) == [before[0] + 1, before[1]]
 
-    gw_policy = api.uid("p")
+    gw_policy = fresh_id("p")
     g4 = layout["g4"]
     gw_body = {"type": "ip_filter", "config": {"mode": "deny", "ip_list": ["10.0.0.0/8"]}}
-    await api.client.create_policy(gw_policy, "ip_filter", gw_body["config"], tenant_id=None, gateway_id=g4)
+    await api.create_policy(gw_policy, "ip_filter", gw_body["config"], tenant_id=None, gateway_id=g4)
     g4_gen = await api.generation(g4)
-    assert (await api.admin.put(f"/v1/gateways/{g4}/policies/{gw_policy}", json=gw_body)).status_code == 200
+    assert (
+        await api.answer("PUT", f"/v1/gateways/{g4}/policies/{gw_policy}", json=gw_body)
+    ).status_code == 200
     assert await api.generation(g4) == g4_gen
     gw_body["config"]["mode"] = "allow"
-    assert (await api.admin.put(f"/v1/gateways/{g4}/policies/{gw_policy}", json=gw_body)).status_code == 200
+    assert (
+        await api.answer("PUT", f"/v1/gateways/{g4}/policies/{gw_policy}", json=gw_body)
+    ).status_code == 200
     assert await api.generation(g4) == g4_gen + 1
-    assert (await api.admin.get(f"/v1/gateways/{g4}/policies/{gw_policy}")).json()["config"][
+    assert (await api.answer("GET", f"/v1/gateways/{g4}/policies/{gw_policy}")).json()["config"][
         "mode"
     ] == "allow"
 
 
 async def test_deploying_a_tenants_first_route_brings_its_policies(api, layout) -> None:
     ta, g4 = layout["ta"], layout["g4"]
-    policy_id = api.uid("p")
+    policy_id = fresh_id("p")
     config = {"maxRequests": 1, "intervalSeconds": 1}
-    await api.client.create_policy(policy_id, "rate_limit", config, tenant_id=ta, scope="tenant")
-    inv = await api.inventory(g4, layout["creds"]["g4"])
+    await api.create_policy(policy_id, "rate_limit", config, tenant_id=ta, scope="tenant")
+    inv = await api.inventory(g4, credential=layout["creds"]["g4"])
     assert [p["policy_id"] for p in inv["policies"]] == []
-    await api.deploy(g4, layout["a3"])
-    inv = await api.inventory(g4, layout["creds"]["g4"])
+    await api.deploy(layout["a3"], g4)
+    inv = await api.inventory(g4, credential=layout["creds"]["g4"])
     assert [(p["policy_id"], p["applicable"]) for p in inv["policies"]] == [(policy_id, [layout["a3"]])]

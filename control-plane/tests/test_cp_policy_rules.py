@@ -10,25 +10,26 @@ import asyncpg
 import pytest
 from stoa_cp.auth import digest
 from stoa_cp.store.database import migration_files
+from stoa_harness.cp_client import fresh_id
 
 RL = {"maxRequests": 5, "intervalSeconds": 1}
 
 
 async def test_a_second_policy_of_a_type_on_a_route_is_409_naming_the_first(api) -> None:
-    tenant_id = await api.tenant()
-    gateway_id, _ = await api.gateway()
+    tenant_id = await api.new_tenant()
+    gateway_id, _ = await api.new_gateway()
     api_id = await api.new_api(tenant_id)
-    await api.deploy(gateway_id, api_id)
-    first = api.uid("p")
+    await api.deploy(api_id, gateway_id)
+    first = fresh_id("p")
     url = f"/v1/tenants/{tenant_id}/policies"
-    await api.client.create_policy(first, "rate_limit", RL, tenant_id=tenant_id, scope="tenant")
+    await api.create_policy(first, "rate_limit", RL, tenant_id=tenant_id, scope="tenant")
     before = await api.generation(gateway_id)
 
     attempts = [
         (
             url,
             {
-                "policy_id": api.uid("p"),
+                "policy_id": fresh_id("p"),
                 "type": "rate_limit",
                 "config": RL,
                 "scope": "api",
@@ -37,11 +38,11 @@ async def test_a_second_policy_of_a_type_on_a_route_is_409_naming_the_first(api)
         ),
         (
             f"/v1/gateways/{gateway_id}/policies",
-            {"policy_id": api.uid("p"), "type": "rate_limit", "config": RL},
+            {"policy_id": fresh_id("p"), "type": "rate_limit", "config": RL},
         ),
     ]
     for path, attempt in attempts:
-        response = await api.admin.post(path, json=attempt)
+        response = await api.answer("POST", path, json=attempt)
         assert response.status_code == 409, response.text
         (error,) = response.json()["errors"]
         assert error["field"] == "policy_id"
@@ -50,30 +51,30 @@ async def test_a_second_policy_of_a_type_on_a_route_is_409_naming_the_first(api)
         )
     # Another type on the same route is fine.
     other = {"mode": "deny", "ip_list": ["10.0.0.1"]}
-    await api.client.create_policy(api.uid("p"), "ip_filter", other, tenant_id=None, gateway_id=gateway_id)
-    listed = [p["policy_id"] for p in (await api.admin.get(url)).json()]
+    await api.create_policy(fresh_id("p"), "ip_filter", other, tenant_id=None, gateway_id=gateway_id)
+    listed = [p["policy_id"] for p in (await api.answer("GET", url)).json()]
     assert listed == [first]
     assert await api.generation(gateway_id) == before + 1
 
 
 async def test_a_deployment_that_would_put_two_policies_of_a_type_on_a_route_is_409(api) -> None:
-    tenant_id = await api.tenant()
-    gateway_id, _ = await api.gateway()
+    tenant_id = await api.new_tenant()
+    gateway_id, _ = await api.new_gateway()
     api_id = await api.new_api(tenant_id)
-    tenant_policy = await api.client.create_policy(
-        api.uid("p"), "rate_limit", RL, tenant_id=tenant_id, scope="tenant"
+    tenant_policy = await api.create_policy(
+        fresh_id("p"), "rate_limit", RL, tenant_id=tenant_id, scope="tenant"
     )
-    gateway_policy = await api.client.create_policy(
-        api.uid("p"), "rate_limit", RL, tenant_id=None, gateway_id=gateway_id
+    gateway_policy = await api.create_policy(
+        fresh_id("p"), "rate_limit", RL, tenant_id=None, gateway_id=gateway_id
     )
     before = await api.generation(gateway_id)
-    response = await api.admin.put(f"/v1/gateways/{gateway_id}/deployments/{api_id}")
+    response = await api.answer("PUT", f"/v1/gateways/{gateway_id}/deployments/{api_id}")
     assert response.status_code == 409, response.text
     (error,) = response.json()["errors"]
     assert error["field"] == "api_id"
     names = sorted([tenant_policy["policy_id"], gateway_policy["policy_id"]])
     assert f"policies {names[0]} and {names[1]} of type rate_limit" in error["message"]
-    assert (await api.admin.get(f"/v1/gateways/{gateway_id}/deployments")).json() == []
+    assert (await api.answer("GET", f"/v1/gateways/{gateway_id}/deployments")).json() == []
     assert await api.generation(gateway_id) == before
 
 
@@ -126,8 +127,8 @@ async def legacy_dsn(pg) -> str:
 
 async def test_stored_policies_are_migrated_or_kept_marked_invalid(cp_factory, legacy_dsn) -> None:
     cp = await cp_factory(dsn=legacy_dsn)
-    async with cp.admin() as admin, cp.gateway("legacy-credential") as gateway:
-        policies = {p["policy_id"]: p for p in (await admin.get("/v1/tenants/lt/policies")).json()}
+    async with cp.client() as admin, cp.client("legacy-credential") as gateway:
+        policies = {p["policy_id"]: p for p in (await admin.answer("GET", "/v1/tenants/lt/policies")).json()}
         assert policies["legacy-cors"]["config"] == {
             "allowedOrigins": ["https://a.example"],
             "allowedMethods": ["GET"],
@@ -143,20 +144,20 @@ async def test_stored_policies_are_migrated_or_kept_marked_invalid(cp_factory, l
             == "config.maxRequests is required: a whole number of at least 1"
         )
 
-        inventory = (await gateway.get("/v1/gateways/lg/config")).json()
+        inventory = (await gateway.answer("GET", "/v1/gateways/lg/config")).json()
         assert inventory["schema_version"] == 2
         assert int(inventory["generation"]) == 2  # the migration changed what the gateway publishes
         (cors,) = inventory["policies"]
         assert cors["policy_id"] == "legacy-cors"
         assert cors["cors"]["allowed_methods"] == ["GET"]
 
-        status = (await admin.get("/v1/gateways/lg/status")).json()
+        status = (await admin.answer("GET", "/v1/gateways/lg/status")).json()
         assert [p["policy_id"] for p in status["invalid_policies"]] == ["legacy-logging", "legacy-rl"]
 
         # A valid config written over an invalid policy makes it valid and published again.
         fixed = {"type": "rate_limit", "config": RL, "scope": "tenant"}
-        response = await admin.put("/v1/tenants/lt/policies/legacy-rl", json=fixed)
+        response = await admin.answer("PUT", "/v1/tenants/lt/policies/legacy-rl", json=fixed)
         assert response.status_code == 200, response.text
         assert response.json()["invalid_reason"] is None
-        inventory = (await gateway.get("/v1/gateways/lg/config")).json()
+        inventory = (await gateway.answer("GET", "/v1/gateways/lg/config")).json()
         assert sorted(p["policy_id"] for p in inventory["policies"]) == ["legacy-cors", "legacy-rl"]

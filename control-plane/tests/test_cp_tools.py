@@ -10,11 +10,10 @@ import json
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 from httpx_sse import aconnect_sse
 from stoa_cp.permissions import write_key
-from stoa_harness.cp_client import CPError
+from stoa_harness.cp_client import CPError, fresh_id
 from stoa_harness.wait import wait_until_async
 
 SCHEMA = {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}
@@ -57,17 +56,16 @@ async def _setup(client, tenant_id: str) -> str:
 
 
 async def test_mcp_api_kind_has_no_upstream_and_carries_the_envelope(api):
-    tenant_id = await api.tenant()
-    created = await api.client.create_mcp_api(
-        api.uid("mcp"), tenant_id=tenant_id, path_prefix=f"/{api.uid('m')}"
-    )
+    tenant_id = await api.new_tenant()
+    created = await api.create_mcp_api(fresh_id("mcp"), tenant_id=tenant_id, path_prefix=f"/{fresh_id('m')}")
     assert created["kind"] == "mcp"
     assert created["upstream_url"] is None
     assert created["auth"]["envelope"] is True
-    refused = await api.admin.post(
+    refused = await api.answer(
+        "POST",
         f"/v1/tenants/{tenant_id}/apis",
         json={
-            "api_id": api.uid("x"),
+            "api_id": fresh_id("x"),
             "name": "x",
             "kind": "mcp",
             "upstream_url": "http://127.0.0.1:1",
@@ -76,10 +74,11 @@ async def test_mcp_api_kind_has_no_upstream_and_carries_the_envelope(api):
     )
     assert refused.status_code == 422
     assert refused.json()["errors"][0]["field"] == "upstream_url"
-    refused = await api.admin.post(
+    refused = await api.answer(
+        "POST",
         f"/v1/tenants/{tenant_id}/apis",
         json={
-            "api_id": api.uid("x"),
+            "api_id": fresh_id("x"),
             "name": "x",
             "kind": "mcp",
             "methods": ["GET"],
@@ -104,7 +103,7 @@ async def test_mcp_api_kind_has_no_upstream_and_carries_the_envelope(api):
     ],
 )
 async def test_tools_are_refused_by_the_rules_naming_the_field(api, change, field):
-    tenant_id = await api.tenant()
+    tenant_id = await api.new_tenant()
     api_id = await api.new_api(tenant_id)
     body = {
         "description": "Get an order",
@@ -115,20 +114,20 @@ async def test_tools_are_refused_by_the_rules_naming_the_field(api, change, fiel
         **change,
     }
     with pytest.raises(CPError) as refused:
-        await api.client.create_tool(body.pop("name", "get_order"), tenant_id=tenant_id, **body)
+        await api.create_tool(body.pop("name", "get_order"), tenant_id=tenant_id, **body)
     assert refused.value.status_code == 422
     assert refused.value.fields == [field]
 
 
 async def test_tools_crud_and_the_inventory(api):
-    tenant_id = await api.tenant()
-    gateway_id, credential = await api.gateway()
+    tenant_id = await api.new_tenant()
+    gateway_id, credential = await api.new_gateway()
     backing = await api.new_api(tenant_id, methods=["GET", "POST"])
-    mcp_api = api.uid("mcp")
-    await api.client.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{api.uid('m')}")
-    await api.deploy(gateway_id, mcp_api)
+    mcp_api = fresh_id("mcp")
+    await api.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{fresh_id('m')}")
+    await api.deploy(mcp_api, gateway_id)
     before = await api.generation(gateway_id)
-    tool = await api.client.create_tool(
+    tool = await api.create_tool(
         "get_order",
         budget={"calls": 5, "window_seconds": 60},
         tenant_id=tenant_id,
@@ -141,7 +140,7 @@ async def test_tools_crud_and_the_inventory(api):
     )
     assert tool["method"] == "GET"
     assert await api.generation(gateway_id) == before + 1
-    inventory = await api.inventory(gateway_id, credential)
+    inventory = await api.inventory(gateway_id, credential=credential)
     [shipped] = inventory["tools"]
     assert shipped["name"] == "get_order"
     assert shipped["upstream_url"] == "http://127.0.0.1:9000"
@@ -152,17 +151,17 @@ async def test_tools_crud_and_the_inventory(api):
     # PUT replaces the fields: a new generation; the same body again changes nothing.
     body = {k: v for k, v in tool.items() if k not in ("tenant_id", "name")}
     body["description"] = "Read one order"
-    updated = await api.client.update_tool("get_order", body, tenant_id=tenant_id)
+    updated = await api.update_tool("get_order", body, tenant_id=tenant_id)
     assert updated["description"] == "Read one order"
     after_update = await api.generation(gateway_id)
     assert after_update == before + 2
-    await api.client.update_tool("get_order", body, tenant_id=tenant_id)
+    await api.update_tool("get_order", body, tenant_id=tenant_id)
     assert await api.generation(gateway_id) == after_update
     with pytest.raises(CPError) as renamed:
-        await api.client.update_tool("get_order", {**body, "name": "other"}, tenant_id=tenant_id)
+        await api.update_tool("get_order", {**body, "name": "other"}, tenant_id=tenant_id)
     assert renamed.value.fields == ["name"]
     with pytest.raises(CPError) as taken:
-        await api.client.create_tool(
+        await api.create_tool(
             "get_order",
             tenant_id=tenant_id,
             description="x",
@@ -173,17 +172,17 @@ async def test_tools_crud_and_the_inventory(api):
         )
     assert taken.value.status_code == 409
     with pytest.raises(CPError) as in_use:
-        await api.client.delete_api(backing, tenant_id=tenant_id)
+        await api.delete_api(backing, tenant_id=tenant_id)
     assert in_use.value.status_code == 409
-    await api.client.delete_tool("get_order", tenant_id=tenant_id)
-    assert (await api.inventory(gateway_id, credential))["tools"] == []
+    await api.delete_tool("get_order", tenant_id=tenant_id)
+    assert (await api.inventory(gateway_id, credential=credential))["tools"] == []
 
 
 async def test_tools_of_another_tenant_do_not_exist(api, cp, idp):
-    tenant_id = await api.tenant()
-    other = await api.tenant()
+    tenant_id = await api.new_tenant()
+    other = await api.new_tenant()
     backing = await api.new_api(tenant_id)
-    await api.client.create_tool(
+    await api.create_tool(
         "t1",
         tenant_id=tenant_id,
         description="d",
@@ -230,12 +229,10 @@ async def test_grants_revocations_sign_permissions_without_a_generation(signing_
         )
         await client.deploy(mcp_api, gateway_id)
         seen: list[dict] = []
-        async with httpx.AsyncClient(
-            base_url=signing_cp.url, headers={"authorization": f"Bearer {credential}"}, timeout=10
-        ) as link:
+        async with signing_cp.client(credential) as link:
 
             async def follow() -> None:
-                async with aconnect_sse(link, "GET", f"/v1/gateways/{gateway_id}/events") as source:
+                async with aconnect_sse(link.http, "GET", f"/v1/gateways/{gateway_id}/events") as source:
                     async for event in source.aiter_sse():
                         if event.event == "tool-permissions":
                             seen.append(json.loads(event.data))
@@ -266,13 +263,13 @@ async def test_grants_revocations_sign_permissions_without_a_generation(signing_
                 old_kid = header(seen[-1]["jws"])["kid"]
                 new_kid = write_key(key_dir / "0002.pem")
                 await asyncio.wait_for(_until(lambda: header(seen[-1]["jws"])["kid"] == new_kid), 10)
-                async with signing_cp.admin() as admin:
-                    keys = (await admin.get("/v1/tool-permissions/keys")).json()["keys"]
+                async with signing_cp.client() as admin:
+                    keys = (await admin.answer("GET", "/v1/tool-permissions/keys")).json()["keys"]
                 assert {k["kid"] for k in keys} == {old_kid, new_kid}
             finally:
                 reader.cancel()
-        async with signing_cp.admin() as admin:
-            audit = (await admin.get("/v1/audit", params={"tenant": tenant_id})).json()
+        async with signing_cp.client() as admin:
+            audit = (await admin.answer("GET", "/v1/audit", params={"tenant": tenant_id})).json()
         assert {
             f"POST /v1/tenants/{tenant_id}/tool-grants",
             f"DELETE /v1/tenants/{tenant_id}/tool-revocations/r1",
@@ -285,13 +282,14 @@ async def _until(condition) -> None:
 
 
 async def test_bulk_applies_the_mcp_kind_rules(api):
-    tenant_id = await api.tenant()
-    refused = await api.admin.post(
+    tenant_id = await api.new_tenant()
+    refused = await api.answer(
+        "POST",
         f"/v1/tenants/{tenant_id}/bulk",
         json={
             "apis": [
                 {
-                    "api_id": api.uid("m"),
+                    "api_id": fresh_id("m"),
                     "name": "m",
                     "kind": "mcp",
                     "upstream_url": "http://127.0.0.1:1",
@@ -308,13 +306,13 @@ async def test_an_api_change_that_would_leave_a_tool_unfit_is_refused(api):
     """A PUT (or a bulk item) that removes a method a tool calls is 409 naming the tools, and changes
     nothing; a new upstream keeps the tools and takes them, with a new generation, to the gateways of
     the tenant's MCP routes."""
-    tenant_id = await api.tenant()
-    gateway_id, credential = await api.gateway()
+    tenant_id = await api.new_tenant()
+    gateway_id, credential = await api.new_gateway()
     backing = await api.new_api(tenant_id, methods=["GET", "POST"])
-    mcp_api = api.uid("mcp")
-    await api.client.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{api.uid('m')}")
-    await api.deploy(gateway_id, mcp_api)
-    await api.client.create_tool(
+    mcp_api = fresh_id("mcp")
+    await api.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{fresh_id('m')}")
+    await api.deploy(mcp_api, gateway_id)
+    await api.create_tool(
         "get_order",
         tenant_id=tenant_id,
         description="Get an order",
@@ -323,31 +321,29 @@ async def test_an_api_change_that_would_leave_a_tool_unfit_is_refused(api):
         method="GET",
         path_template="/orders/{id}",
     )
-    stored = await api.client.get_api(backing, tenant_id=tenant_id)
+    stored = await api.get_api(backing, tenant_id=tenant_id)
     body = {k: stored[k] for k in ("name", "upstream_url", "path_prefix", "auth")}
     before = await api.generation(gateway_id)
     with pytest.raises(CPError) as refused:
-        await api.client.update_api(backing, {**body, "methods": ["POST"]}, tenant_id=tenant_id)
+        await api.update_api(backing, {**body, "methods": ["POST"]}, tenant_id=tenant_id)
     assert refused.value.status_code == 409
     assert refused.value.fields == ["methods"]
     assert "get_order (GET)" in refused.value.problem["errors"][0]["message"]
     bulk = {**body, "api_id": backing, "methods": ["POST"]}
     with pytest.raises(CPError) as refused_in_bulk:
-        await api.client.bulk(tenant_id, apis=[bulk])
+        await api.bulk(tenant_id, apis=[bulk])
     assert refused_in_bulk.value.status_code == 409
     assert refused_in_bulk.value.fields == ["apis[0].methods"]
-    assert (await api.client.get_api(backing, tenant_id=tenant_id))["methods"] == ["GET", "POST"]
+    assert (await api.get_api(backing, tenant_id=tenant_id))["methods"] == ["GET", "POST"]
     assert await api.generation(gateway_id) == before
     # Methods the tools keep, and a new upstream: accepted, and the tool follows it (bulk too).
-    await api.client.update_api(
+    await api.update_api(
         backing, {**body, "methods": ["GET"], "upstream_url": "http://127.0.0.1:9001"}, tenant_id=tenant_id
     )
     assert await api.generation(gateway_id) == before + 1
-    [tool] = (await api.inventory(gateway_id, credential))["tools"]
+    [tool] = (await api.inventory(gateway_id, credential=credential))["tools"]
     assert tool["upstream_url"] == "http://127.0.0.1:9001"
-    await api.client.bulk(
-        tenant_id, apis=[{**bulk, "methods": ["GET"], "upstream_url": "http://127.0.0.1:9002"}]
-    )
+    await api.bulk(tenant_id, apis=[{**bulk, "methods": ["GET"], "upstream_url": "http://127.0.0.1:9002"}])
     assert await api.generation(gateway_id) == before + 2
-    [tool] = (await api.inventory(gateway_id, credential))["tools"]
+    [tool] = (await api.inventory(gateway_id, credential=credential))["tools"]
     assert tool["upstream_url"] == "http://127.0.0.1:9002"

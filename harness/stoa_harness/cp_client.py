@@ -5,7 +5,9 @@ Every call is written once in `CPCalls` (method, path, body, what to return) and
 event loop: the CP's own tests, which serve the CP on the test's loop, and the benchmark rig). Any
 answer outside 2xx raises `CPError`, which carries the status and the problem body. The bearer token
 is whatever the caller holds: an admin token, an OIDC access token, or a gateway's credential (for
-`inventory`).
+`inventory`). `answer(method, path, ...)` sends any request with the same client and returns the
+answer as it is, refusals included: for a test whose subject is the raw answer (status, headers,
+problem body).
 
     with CPClient(cp_url, token, gateway_id="gw-1") as cp:
         cp.create_tenant("acme")
@@ -18,6 +20,7 @@ is whatever the caller holds: an admin token, an OIDC access token, or a gateway
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -55,6 +58,11 @@ class CPError(AssertionError):
         return [str(e.get("field")) for e in errors]
 
 
+def fresh_id(prefix: str) -> str:
+    """An id no other caller uses: `<prefix>-` and 8 hex digits."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
 class SyncFailed(AssertionError):
     """The gateway reached FAILED for the generation a caller waited on."""
 
@@ -78,6 +86,11 @@ class Call:
     body: Any = None
     accept: Collection[int] = ()  # statuses that are not a refusal here (the value is then None)
     then: Callable[[Any], Any] | None = None  # from the JSON body to the value returned
+    token: str | None = None  # sent instead of the client's (a gateway's credential)
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return {"authorization": f"Bearer {self.token}"} if self.token else None
 
 
 def _generation(body: Any) -> int:
@@ -120,6 +133,11 @@ class CPCalls(Generic[R]):
         body = {"tenant_id": tenant_id, "name": name or tenant_id}
         return self.send(Call("POST", "/v1/tenants", body, accept=(409,) if exist_ok else ()))
 
+    def new_tenant(self, prefix: str = "t") -> R:
+        """A tenant with a fresh id (`fresh_id(prefix)`); its id."""
+        body = {"tenant_id": fresh_id(prefix), "name": "Tenant"}
+        return self.send(Call("POST", "/v1/tenants", body, then=lambda t: t["tenant_id"]))
+
     def tenants(self) -> R:
         return self.send(Call("GET", "/v1/tenants"))
 
@@ -145,6 +163,18 @@ class CPCalls(Generic[R]):
         }
         return self.send(Call("POST", f"/v1/tenants/{tenant_id}/apis", body))
 
+    def new_api(self, tenant_id: str, **fields: Any) -> R:
+        """An HTTP API of the tenant with a fresh id unless `fields` give one (name "API", upstream
+        http://127.0.0.1:9000, GET, unless `fields` say otherwise); its id."""
+        body = {
+            "api_id": fresh_id("api"),
+            "name": "API",
+            "upstream_url": "http://127.0.0.1:9000",
+            "methods": ["GET"],
+            **fields,
+        }
+        return self.send(Call("POST", f"/v1/tenants/{tenant_id}/apis", body, then=lambda a: a["api_id"]))
+
     def update_api(self, api_id: str, body: Mapping[str, Any], *, tenant_id: str) -> R:
         """Replace the API's fields with `body` (an `api_id` in it is left out: the id is the path's);
         the API as stored."""
@@ -166,8 +196,19 @@ class CPCalls(Generic[R]):
         body = {"gateway_id": gateway_id, "name": name or gateway_id}
         return self.send(Call("POST", "/v1/gateways", body))
 
+    def new_gateway(self) -> R:
+        """A gateway with a fresh id: (its id, its credential)."""
+        body = {"gateway_id": fresh_id("gw"), "name": "Gateway"}
+        return self.send(
+            Call("POST", "/v1/gateways", body, then=lambda g: (g["gateway_id"], g["credential"]))
+        )
+
     def gateway(self, gateway_id: str | None = None) -> R:
         return self.send(Call("GET", f"/v1/gateways/{self._gateway(gateway_id)}"))
+
+    def generation(self, gateway_id: str | None = None) -> R:
+        """The gateway's current (desired) generation, an int."""
+        return self.send(Call("GET", f"/v1/gateways/{self._gateway(gateway_id)}", then=_generation))
 
     def deploy(self, api_id: str, gateway_id: str | None = None) -> R:
         """Activate the API on the gateway; the gateway's generation after it (an int)."""
@@ -193,10 +234,11 @@ class CPCalls(Generic[R]):
         query = "?validate=envoy" if validate else ""
         return self.send(Call("GET", f"/v1/gateways/{self._gateway(gateway_id)}/preview{query}"))
 
-    def inventory(self, gateway_id: str | None = None) -> R:
-        """The gateway's inventory as its Link fetches it: the client's token must be the gateway's
-        credential."""
-        return self.send(Call("GET", f"/v1/gateways/{self._gateway(gateway_id)}/config"))
+    def inventory(self, gateway_id: str | None = None, *, credential: str | None = None) -> R:
+        """The gateway's inventory as its Link fetches it, with the gateway's credential (`credential`,
+        or the client's token)."""
+        path = f"/v1/gateways/{self._gateway(gateway_id)}/config"
+        return self.send(Call("GET", path, token=credential))
 
     # -- bulk publication -------------------------------------------------------------------------
     def bulk(
@@ -394,7 +436,11 @@ class CPClient(CPCalls[Any]):
         self.describe = describe
 
     def send(self, call: Call) -> Any:
-        return _value(call, self.http.request(call.method, call.path, json=call.body))
+        return _value(call, self.http.request(call.method, call.path, json=call.body, headers=call.headers))
+
+    def answer(self, method: str, path: str, **request: Any) -> httpx.Response:
+        """The CP's answer as it is (never raised); `request`: httpx's (json, content, headers, ...)."""
+        return self.http.request(method, path, **request)
 
     def close(self) -> None:
         self.http.close()
@@ -491,7 +537,16 @@ class AsyncCPClient(CPCalls[Awaitable[Any]]):
         self.http = httpx.AsyncClient(**self.http_options, **pool)
 
     async def send(self, call: Call) -> Any:
-        return _value(call, await self.http.request(call.method, call.path, json=call.body))
+        response = await self.http.request(call.method, call.path, json=call.body, headers=call.headers)
+        return _value(call, response)
+
+    async def answer(self, method: str, path: str, **request: Any) -> httpx.Response:
+        """The CP's answer as it is (never raised); `request`: httpx's (json, content, headers, ...)."""
+        return await self.http.request(method, path, **request)
+
+    async def generations(self, *gateway_ids: str) -> list[int]:
+        """The gateways' current generations, in order."""
+        return [await self.generation(gateway_id) for gateway_id in gateway_ids]
 
     async def aclose(self) -> None:
         await self.http.aclose()

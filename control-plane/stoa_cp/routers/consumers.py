@@ -2,61 +2,42 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import Response
 
-from stoa_cp.access import TenantScope
 from stoa_cp.dependencies import Db, ExistingTenant
-from stoa_cp.problems import PROBLEM_RESPONSES
+from stoa_cp.routers import tenant_objects
+from stoa_cp.routers.tenant_objects import Resource
 from stoa_cp.schemas import ConsumerIn, ConsumerOut, ConsumerUpdate, KeyCreated, KeyOut
 from stoa_cp.store import api_keys, consumers
 
-router = APIRouter(
-    prefix="/v1/tenants/{tenant_id}/consumers",
-    tags=["consumers"],
-    dependencies=[TenantScope],
-    responses=PROBLEM_RESPONSES,
+router = tenant_objects.router(
+    "consumers",
+    Resource(
+        collection="/consumers",
+        key="consumer_id",
+        singular="consumer",
+        plural="consumers",
+        out=ConsumerOut,
+        store=consumers.objects,
+        create_body=ConsumerIn,
+        update_body=ConsumerUpdate,
+        docs={"delete": "Delete the consumer and its subscriptions; its keys are revoked."},
+    ),
 )
 
 
-@router.post("", status_code=201)
-async def create_consumer(tenant_id: str, body: ConsumerIn, db: Db) -> ConsumerOut:
-    return await consumers.create(db, tenant_id, body)
-
-
-@router.get("")
-async def list_consumers(tenant_id: ExistingTenant, db: Db) -> list[ConsumerOut]:
-    return await consumers.list_for(db, tenant_id)
-
-
-@router.get("/{consumer_id}")
-async def get_consumer(tenant_id: ExistingTenant, consumer_id: str, db: Db) -> ConsumerOut:
-    return await consumers.get(db, tenant_id, consumer_id)
-
-
-@router.put("/{consumer_id}")
-async def update_consumer(tenant_id: str, consumer_id: str, body: ConsumerUpdate, db: Db) -> ConsumerOut:
-    return await consumers.update(db, tenant_id, consumer_id, body)
-
-
-@router.delete("/{consumer_id}", status_code=204)
-async def delete_consumer(tenant_id: str, consumer_id: str, db: Db) -> Response:
-    """Delete the consumer and its subscriptions; its keys are revoked."""
-    await consumers.delete(db, tenant_id, consumer_id)
-    return Response(status_code=204)
-
-
-@router.post("/{consumer_id}/keys", status_code=201)
+@router.post("/consumers/{consumer_id}/keys", status_code=201)
 async def create_key(tenant_id: str, consumer_id: str, db: Db) -> KeyCreated:
     """A new key, shown in this answer only; the CP keeps its SHA-256 and its public prefix."""
     return await api_keys.create(db, tenant_id, consumer_id)
 
 
-@router.get("/{consumer_id}/keys")
+@router.get("/consumers/{consumer_id}/keys")
 async def list_keys(tenant_id: ExistingTenant, consumer_id: str, db: Db) -> list[KeyOut]:
     return await api_keys.list_for(db, tenant_id, consumer_id)
 
 
-@router.delete("/{consumer_id}/keys/{key_id}", status_code=204)
+@router.delete("/consumers/{consumer_id}/keys/{key_id}", status_code=204)
 async def revoke_key(tenant_id: str, consumer_id: str, key_id: str, db: Db) -> Response:
     """Revoke the key: refused at every site from the next generation on, never rolled back."""
     await api_keys.revoke(db, tenant_id, consumer_id, key_id)

@@ -11,7 +11,7 @@ import asyncpg
 
 from stoa_cp.problems import not_found
 from stoa_cp.schemas import KeyCreated, KeyOut
-from stoa_cp.store.consumers import get as get_consumer
+from stoa_cp.store import consumers
 from stoa_cp.store.database import Database
 from stoa_cp.store.publication import bump, lock_tenant, tenant_gateways
 
@@ -60,7 +60,7 @@ def _out(row: asyncpg.Record) -> KeyOut:
 
 
 async def list_for(db: Database, tenant_id: str, consumer_id: str) -> list[KeyOut]:
-    await get_consumer(db, tenant_id, consumer_id)
+    await consumers.objects.get(db, tenant_id, consumer_id)
     async with db.connection() as conn:
         rows = await conn.fetch(
             "SELECT key_id, consumer_id, prefix, created_at, revoked_at FROM api_keys"

@@ -7,11 +7,12 @@ from typing import Any
 import asyncpg
 from stoa_translate.fields import DEFAULT_KEY_HEADER
 
-from stoa_cp.problems import Problem, Taken, not_found
+from stoa_cp.problems import Problem, Taken, invalid, not_found
 from stoa_cp.schemas import ApiAuth, ApiFields, ApiIn, ApiOut
 from stoa_cp.store import tools
 from stoa_cp.store.database import Database
 from stoa_cp.store.publication import bump, bury, lock_tenant, tenant_gateways
+from stoa_cp.store.tenant_objects import Services, same
 
 COLUMNS = (
     "kind",
@@ -121,8 +122,16 @@ async def check_room(
         )
 
 
-async def create(db: Database, tenant_id: str, body: ApiIn, max_routes: int) -> tuple[ApiOut, bool]:
+def _check_kind(body: ApiFields) -> None:
+    problem = body.kind_problem()
+    if problem is not None:
+        raise invalid(*problem)
+
+
+async def create(db: Database, services: Services, tenant_id: str, body: ApiIn) -> tuple[ApiOut, bool]:
     """The API, and whether this call created it (an identical API of the tenant is answered as it is)."""
+    _check_kind(body)
+    max_routes = services.settings.max_routes_per_tenant
     values = columns(body.api_id, body)
     async with db.transaction() as conn:
         await lock_tenant(conn, tenant_id, "update")
@@ -150,8 +159,9 @@ async def get(db: Database, tenant_id: str, api_id: str) -> ApiOut:
         return _out(await _read(conn, tenant_id, api_id))
 
 
-async def update(db: Database, tenant_id: str, api_id: str, body: ApiFields) -> ApiOut:
+async def update(db: Database, _services: Services, tenant_id: str, api_id: str, body: ApiFields) -> ApiOut:
     """Store the new fields; an unchanged body changes nothing (no new generation)."""
+    _check_kind(body)
     values = columns(api_id, body)
     async with db.transaction() as conn:
         await lock_tenant(conn, tenant_id, "share")
@@ -171,7 +181,7 @@ async def update(db: Database, tenant_id: str, api_id: str, body: ApiFields) -> 
         return _out(await _read(conn, tenant_id, api_id))
 
 
-async def delete(db: Database, tenant_id: str, api_id: str) -> None:
+async def delete(db: Database, _services: Services, tenant_id: str, api_id: str) -> None:
     """Delete the API; every gateway it was deployed on gets a tombstone and a new generation."""
     async with db.transaction() as conn:
         await lock_tenant(conn, tenant_id, "share")
@@ -183,9 +193,3 @@ async def delete(db: Database, tenant_id: str, api_id: str) -> None:
             raise Problem(409, "Conflict", [("api_id", f"API {api_id!r} backs the tools {used_by}")])
         await bury(conn, [api_id], await bump(conn, current["deployed_on"]))
         await conn.execute("DELETE FROM apis WHERE api_id = $1", api_id)
-
-
-def same(stored: object, wanted: object) -> bool:
-    if isinstance(stored, list | tuple) or isinstance(wanted, list | tuple):
-        return list(stored or []) == list(wanted or [])  # type: ignore[call-overload]
-    return stored == wanted

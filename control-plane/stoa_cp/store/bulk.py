@@ -11,6 +11,7 @@ from stoa_cp.schemas import BulkIn, BulkOut
 from stoa_cp.store import apis, tools
 from stoa_cp.store.database import Database
 from stoa_cp.store.publication import bump, bury, lock_tenant, tenant_gateways, unbury
+from stoa_cp.store.tenant_objects import same
 
 
 async def publish(db: Database, tenant_id: str, body: BulkIn, max_routes: int) -> BulkOut:
@@ -43,7 +44,7 @@ async def publish(db: Database, tenant_id: str, body: BulkIn, max_routes: int) -
             row = stored.get(api_id)
             if row is None:
                 created.append(api_id)
-            elif not all(apis.same(row[c], values[c]) for c in apis.COLUMNS):
+            elif not all(same(row[c], values[c]) for c in apis.COLUMNS):
                 updated.append(api_id)
         if created:
             await apis.check_room(conn, tenant_id, len(created), max_routes, field="apis")

@@ -5,32 +5,13 @@ from __future__ import annotations
 
 import asyncpg
 
-from stoa_cp.problems import conflict, not_found
-from stoa_cp.schemas import ConsumerFields, ConsumerIn, ConsumerOut
-from stoa_cp.store.database import Database
-from stoa_cp.store.publication import bump, lock_tenant, tenant_gateways
-
-_SELECT = "SELECT consumer_id, tenant_id, name, client_ids FROM consumers"
-
-
-def _out(row: asyncpg.Record) -> ConsumerOut:
-    return ConsumerOut(
-        consumer_id=row["consumer_id"],
-        tenant_id=row["tenant_id"],
-        name=row["name"],
-        client_ids=list(row["client_ids"]),
-    )
-
-
-async def _read(conn: asyncpg.Connection, tenant_id: str, consumer_id: str) -> asyncpg.Record:
-    row = await conn.fetchrow(f"{_SELECT} WHERE tenant_id = $1 AND consumer_id = $2", tenant_id, consumer_id)
-    if row is None:
-        raise not_found("consumer_id", consumer_id)
-    return row
+from stoa_cp.problems import conflict
+from stoa_cp.schemas import ConsumerFields, ConsumerOut
+from stoa_cp.store.tenant_objects import Kind, Objects
 
 
 async def _claim_client_ids(
-    conn: asyncpg.Connection, tenant_id: str, consumer_id: str, ids: list[str]
+    conn: asyncpg.Connection, tenant_id: str, consumer_id: str, body: ConsumerFields
 ) -> None:
     """Map each client id to this consumer (409 naming the first one another consumer holds)."""
     await conn.execute(
@@ -40,7 +21,7 @@ async def _claim_client_ids(
         "SELECT client_id FROM consumer_client_ids WHERE tenant_id = $1 AND client_id = ANY($2::text[])"
         " ORDER BY client_id LIMIT 1",
         tenant_id,
-        ids,
+        body.client_ids,
     )
     if held is not None:
         raise conflict("client_ids", held)
@@ -49,69 +30,26 @@ async def _claim_client_ids(
         " SELECT $1, c, $2 FROM unnest($3::text[]) AS c",
         tenant_id,
         consumer_id,
-        ids,
+        body.client_ids,
     )
 
 
-async def create(db: Database, tenant_id: str, body: ConsumerIn) -> ConsumerOut:
-    async with db.transaction() as conn:
-        await lock_tenant(conn, tenant_id, "update")
-        try:
-            await conn.execute(
-                "INSERT INTO consumers (tenant_id, consumer_id, name, client_ids) VALUES ($1, $2, $3, $4)",
-                tenant_id,
-                body.consumer_id,
-                body.name,
-                body.client_ids,
-            )
-        except asyncpg.UniqueViolationError:
-            raise conflict("consumer_id", body.consumer_id) from None
-        await _claim_client_ids(conn, tenant_id, body.consumer_id, body.client_ids)
-        await bump(conn, await tenant_gateways(conn, tenant_id))
-        return _out(await _read(conn, tenant_id, body.consumer_id))
+async def _revoke_keys(conn: asyncpg.Connection, tenant_id: str, consumer_id: str) -> None:
+    """A deleted consumer's keys are revoked (kept as revocations); its subscriptions go with it."""
+    await conn.execute(
+        "UPDATE api_keys SET revoked_at = now()"
+        " WHERE tenant_id = $1 AND consumer_id = $2 AND revoked_at IS NULL",
+        tenant_id,
+        consumer_id,
+    )
 
 
-async def list_for(db: Database, tenant_id: str) -> list[ConsumerOut]:
-    async with db.connection() as conn:
-        rows = await conn.fetch(f"{_SELECT} WHERE tenant_id = $1 ORDER BY consumer_id", tenant_id)
-    return [_out(row) for row in rows]
-
-
-async def get(db: Database, tenant_id: str, consumer_id: str) -> ConsumerOut:
-    async with db.connection() as conn:
-        return _out(await _read(conn, tenant_id, consumer_id))
-
-
-async def update(db: Database, tenant_id: str, consumer_id: str, body: ConsumerFields) -> ConsumerOut:
-    async with db.transaction() as conn:
-        await lock_tenant(conn, tenant_id, "update")
-        current = await _read(conn, tenant_id, consumer_id)
-        if current["name"] == body.name and list(current["client_ids"]) == body.client_ids:
-            return _out(current)
-        await conn.execute(
-            "UPDATE consumers SET name = $3, client_ids = $4 WHERE tenant_id = $1 AND consumer_id = $2",
-            tenant_id,
-            consumer_id,
-            body.name,
-            body.client_ids,
-        )
-        await _claim_client_ids(conn, tenant_id, consumer_id, body.client_ids)
-        await bump(conn, await tenant_gateways(conn, tenant_id))
-        return _out(await _read(conn, tenant_id, consumer_id))
-
-
-async def delete(db: Database, tenant_id: str, consumer_id: str) -> None:
-    """Delete the consumer and its subscriptions; its keys are revoked (kept as revocations)."""
-    async with db.transaction() as conn:
-        await lock_tenant(conn, tenant_id, "update")
-        await _read(conn, tenant_id, consumer_id)
-        await conn.execute(
-            "UPDATE api_keys SET revoked_at = now()"
-            " WHERE tenant_id = $1 AND consumer_id = $2 AND revoked_at IS NULL",
-            tenant_id,
-            consumer_id,
-        )
-        await conn.execute(
-            "DELETE FROM consumers WHERE tenant_id = $1 AND consumer_id = $2", tenant_id, consumer_id
-        )
-        await bump(conn, await tenant_gateways(conn, tenant_id))
+KIND = Kind(
+    table="consumers",
+    key="consumer_id",
+    columns=("name", "client_ids"),
+    model=ConsumerOut,
+    written=_claim_client_ids,
+    deleting=_revoke_keys,
+)
+objects = Objects(KIND)

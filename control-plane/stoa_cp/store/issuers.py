@@ -9,12 +9,23 @@ from typing import Any
 import asyncpg
 
 from stoa_cp.problems import conflict, not_found
-from stoa_cp.schemas import IssuerIn
+from stoa_cp.schemas import IssuerIn, IssuerOut
 from stoa_cp.store.database import Database
 from stoa_cp.store.publication import bump, lock_tenant, tenant_gateways
+from stoa_cp.store.tenant_objects import Kind
 
 FIELDS = "issuer_id, tenant_id, issuer, jwks_uri, jwks, fetched_at, last_error, stale"
 _SELECT = f"SELECT {FIELDS} FROM issuers"  # noqa: S608 - constant text, no input
+
+# Listing and deleting; creating (keys fetched first) and refreshing are `stoa_cp.trust`'s.
+KIND = Kind(
+    table="issuers",
+    key="issuer_id",
+    columns=("issuer", "jwks_uri", "jwks", "fetched_at", "last_error", "stale"),
+    model=IssuerOut,
+    out=IssuerOut.of,
+    order="issuer",
+)
 
 
 async def create(
@@ -62,11 +73,6 @@ async def get(db: Database, issuer_id: str) -> asyncpg.Record:
     return row
 
 
-async def list_for(db: Database, tenant_id: str) -> list[asyncpg.Record]:
-    async with db.connection() as conn:
-        return list(await conn.fetch(_SELECT + " WHERE tenant_id = $1 ORDER BY issuer", tenant_id))
-
-
 async def with_jwks_uri(db: Database) -> list[str]:
     """Ids of the issuers whose keys are fetched from a jwks_uri."""
     async with db.connection() as conn:
@@ -104,17 +110,6 @@ async def adopt_keys(
         )
     assert row is not None
     return row, changed
-
-
-async def delete(db: Database, tenant_id: str, issuer_id: str) -> None:
-    async with db.transaction() as conn:
-        await lock_tenant(conn, tenant_id, "update")
-        deleted = await conn.fetchval(
-            "DELETE FROM issuers WHERE issuer_id = $1 AND tenant_id = $2 RETURNING 1", issuer_id, tenant_id
-        )
-        if deleted is None:
-            raise not_found("issuer_id", issuer_id)
-        await bump(conn, await tenant_gateways(conn, tenant_id))
 
 
 _PAST_BOUND = "jwks_uri IS NOT NULL AND NOT stale AND fetched_at < now() - make_interval(secs => $1)"

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
 
 import asyncpg
 from stoa_translate.policies import ConfigError, UnsupportedKind, accept_json
 
-from stoa_cp.problems import Problem, Taken, not_found
+from stoa_cp import policy_config
+from stoa_cp.problems import Problem
 from stoa_cp.schemas import (
     GatewayPolicyFields,
     GatewayPolicyIn,
@@ -20,29 +23,18 @@ from stoa_cp.schemas import (
     TenantPolicyFields,
     TenantPolicyIn,
 )
-from stoa_cp.store.database import Database
 from stoa_cp.store.inventory import applicable
-from stoa_cp.store.publication import bump, lock_gateway, lock_tenant, tenant_gateways
+from stoa_cp.store.publication import bump, tenant_gateways
+from stoa_cp.store.tenant_objects import GATEWAY, Kind, Objects, Services, Values
 
 log = logging.getLogger("stoa_cp")
 
-_FIELDS = "policy_id, type, config, scope, targets, tenant_id, gateway_id, invalid_reason"
-_SELECT = f"SELECT {_FIELDS} FROM policies"  # noqa: S608 - constant text, no input
 
-
-def _out(row: asyncpg.Record) -> PolicyOut:
-    return PolicyOut(**{**dict(row), "targets": list(row["targets"])})
-
-
-def _targets(body: TenantPolicyFields) -> list[str]:
-    return sorted(set(body.targets))
-
-
-async def _check_targets(conn: asyncpg.Connection, tenant_id: str, body: TenantPolicyFields) -> None:
+async def _check_targets(conn: asyncpg.Connection, tenant_id: str, body: TenantPolicyFields) -> Values:
     """404 naming each target of an api-scoped policy that is not an API of the tenant (a rule on the
     stored state, so not the 422 of a malformed body; another tenant's API is as unknown as none)."""
     if body.scope != "api":
-        return
+        return {}
     owned = {
         row["api_id"]
         for row in await conn.fetch(
@@ -58,193 +50,70 @@ async def _check_targets(conn: asyncpg.Connection, tenant_id: str, body: TenantP
     ]
     if errors:
         raise Problem(404, "Not found", errors)
+    return {}
 
 
-async def _tenant_policy(
-    conn: asyncpg.Connection, tenant_id: str, policy_id: str, lock: bool
-) -> asyncpg.Record:
-    suffix = " FOR UPDATE" if lock else ""
-    row = await conn.fetchrow(
-        f"{_SELECT} WHERE policy_id = $1 AND tenant_id = $2{suffix}", policy_id, tenant_id
+def _tenant_values(body: TenantPolicyFields) -> Values:
+    return {
+        "type": body.type,
+        "config": body.config,
+        "scope": body.scope,
+        "targets": sorted(set(body.targets)),
+    }
+
+
+def _gateway_values(body: GatewayPolicyFields) -> Values:
+    return {"type": body.type, "config": body.config, "scope": "gateway", "targets": []}
+
+
+async def _no_tenant_overlap(conn: asyncpg.Connection, tenant_id: str, policy_id: str, _body: object) -> None:
+    await refuse_overlaps(conn, await tenant_gateways(conn, tenant_id), policy_id=policy_id)
+
+
+async def _no_gateway_overlap(
+    conn: asyncpg.Connection, gateway_id: str, policy_id: str, _body: object
+) -> None:
+    await refuse_overlaps(conn, [gateway_id], policy_id=policy_id)
+
+
+def _accepted(body: Any, policy_id: str, services: Services) -> dict[str, Any]:
+    """The config in the normal form the site's rules give it (422 naming the field if they refuse,
+    or when a list of it is longer than its limit)."""
+    config = body.config.model_dump(exclude_unset=True, by_alias=True)
+    return policy_config.accepted(body.type, policy_id, config, services.settings.policy_limits)
+
+
+def _tenant_policy(body: Any, policy_id: str, services: Services) -> TenantPolicyIn:
+    config = _accepted(body, policy_id, services)
+    return TenantPolicyIn(
+        policy_id=policy_id, type=body.type, config=config, scope=body.scope, targets=body.targets
     )
-    if row is None:
-        raise not_found("policy_id", policy_id)
-    return row
 
 
-async def _taken(db: Database, policy_id: str) -> Taken:
-    # Read outside the failed transaction: policy_id is unique across tenants and gateways.
-    async with db.connection() as conn:
-        holder = await conn.fetchval("SELECT tenant_id FROM policies WHERE policy_id = $1", policy_id)
-    return Taken("policy_id", policy_id, holder)
+def _gateway_policy(body: Any, policy_id: str, services: Services) -> GatewayPolicyIn:
+    return GatewayPolicyIn(policy_id=policy_id, type=body.type, config=_accepted(body, policy_id, services))
 
 
-async def _replayed(conn: asyncpg.Connection, policy_id: str, wanted: dict[str, object]) -> PolicyOut | None:
-    """The stored policy when it is exactly the one asked for; 409 (Taken) when another holds the id."""
-    row = await conn.fetchrow(f"{_SELECT} WHERE policy_id = $1", policy_id)
-    if row is None:
-        return None
-    stored = _out(row)
-    if any(getattr(stored, field) != value for field, value in wanted.items()):
-        raise Taken("policy_id", policy_id, row["tenant_id"])
-    return stored
-
-
-async def create_for_tenant(db: Database, tenant_id: str, body: TenantPolicyIn) -> tuple[PolicyOut, bool]:
-    """The policy, and whether this call created it (an identical policy is answered as it is)."""
-    async with db.transaction() as conn:
-        await lock_tenant(conn, tenant_id, "update")
-        await _check_targets(conn, tenant_id, body)
-        wanted = {
-            "type": body.type,
-            "config": body.config,
-            "scope": body.scope,
-            "targets": _targets(body),
-            "tenant_id": tenant_id,
-            "gateway_id": None,
-        }
-        replayed = await _replayed(conn, body.policy_id, wanted)
-        if replayed is not None:
-            return replayed, False
-        try:
-            row = await conn.fetchrow(
-                "INSERT INTO policies (policy_id, type, config, scope, targets, tenant_id)"  # noqa: S608
-                f" VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_FIELDS}",
-                body.policy_id,
-                body.type,
-                body.config,
-                body.scope,
-                _targets(body),
-                tenant_id,
-            )
-        except asyncpg.UniqueViolationError:
-            raise await _taken(db, body.policy_id) from None
-        gateways = await tenant_gateways(conn, tenant_id)
-        await refuse_overlaps(conn, gateways, policy_id=body.policy_id)
-        await bump(conn, gateways)
-    assert row is not None
-    return _out(row), True
-
-
-async def list_for_tenant(db: Database, tenant_id: str) -> list[PolicyOut]:
-    async with db.connection() as conn:
-        rows = await conn.fetch(f"{_SELECT} WHERE tenant_id = $1 ORDER BY policy_id", tenant_id)
-    return [_out(r) for r in rows]
-
-
-async def get_for_tenant(db: Database, tenant_id: str, policy_id: str) -> PolicyOut:
-    async with db.connection() as conn:
-        return _out(await _tenant_policy(conn, tenant_id, policy_id, lock=False))
-
-
-async def update_for_tenant(
-    db: Database, tenant_id: str, policy_id: str, body: TenantPolicyFields
-) -> PolicyOut:
-    """Store the new policy; an unchanged body changes nothing (no new generation)."""
-    async with db.transaction() as conn:
-        await lock_tenant(conn, tenant_id, "update")
-        current = await _tenant_policy(conn, tenant_id, policy_id, lock=True)
-        await _check_targets(conn, tenant_id, body)
-        wanted = (body.type, body.config, body.scope, _targets(body))
-        stored = (current["type"], current["config"], current["scope"], list(current["targets"]))
-        if stored == wanted and current["invalid_reason"] is None:
-            return _out(current)
-        await conn.execute(
-            "UPDATE policies SET type = $2, config = $3, scope = $4, targets = $5, updated_at = now(),"
-            " config_schema = 2, invalid_reason = NULL WHERE policy_id = $1",
-            policy_id,
-            *wanted,
-        )
-        gateways = await tenant_gateways(conn, tenant_id)
-        await refuse_overlaps(conn, gateways, policy_id=policy_id)
-        await bump(conn, gateways)
-        return _out(await _tenant_policy(conn, tenant_id, policy_id, lock=False))
-
-
-async def delete_for_tenant(db: Database, tenant_id: str, policy_id: str) -> None:
-    async with db.transaction() as conn:
-        await lock_tenant(conn, tenant_id, "update")
-        await _tenant_policy(conn, tenant_id, policy_id, lock=True)
-        await conn.execute("DELETE FROM policies WHERE policy_id = $1", policy_id)
-        await bump(conn, await tenant_gateways(conn, tenant_id))
-
-
-async def _gateway_policy(conn: asyncpg.Connection, gateway_id: str, policy_id: str) -> asyncpg.Record:
-    row = await conn.fetchrow(f"{_SELECT} WHERE policy_id = $1 AND gateway_id = $2", policy_id, gateway_id)
-    if row is None:
-        raise not_found("policy_id", policy_id)
-    return row
-
-
-async def create_for_gateway(db: Database, gateway_id: str, body: GatewayPolicyIn) -> tuple[PolicyOut, bool]:
-    """The policy, and whether this call created it (an identical policy is answered as it is)."""
-    async with db.transaction() as conn:
-        await lock_gateway(conn, gateway_id)
-        wanted = {
-            "type": body.type,
-            "config": body.config,
-            "scope": "gateway",
-            "tenant_id": None,
-            "gateway_id": gateway_id,
-        }
-        replayed = await _replayed(conn, body.policy_id, wanted)
-        if replayed is not None:
-            return replayed, False
-        try:
-            await conn.execute(
-                "INSERT INTO policies (policy_id, type, config, scope, gateway_id)"
-                " VALUES ($1, $2, $3, 'gateway', $4)",
-                body.policy_id,
-                body.type,
-                body.config,
-                gateway_id,
-            )
-        except asyncpg.UniqueViolationError:
-            raise await _taken(db, body.policy_id) from None
-        await refuse_overlaps(conn, [gateway_id], policy_id=body.policy_id)
-        await bump(conn, [gateway_id])
-        return _out(await _gateway_policy(conn, gateway_id, body.policy_id)), True
-
-
-async def list_for_gateway(db: Database, gateway_id: str) -> list[PolicyOut]:
-    async with db.connection() as conn:
-        rows = await conn.fetch(f"{_SELECT} WHERE gateway_id = $1 ORDER BY policy_id", gateway_id)
-    return [_out(r) for r in rows]
-
-
-async def get_for_gateway(db: Database, gateway_id: str, policy_id: str) -> PolicyOut:
-    async with db.connection() as conn:
-        return _out(await _gateway_policy(conn, gateway_id, policy_id))
-
-
-async def update_for_gateway(
-    db: Database, gateway_id: str, policy_id: str, body: GatewayPolicyFields
-) -> PolicyOut:
-    """Store the new policy; an unchanged body changes nothing (no new generation)."""
-    async with db.transaction() as conn:
-        await lock_gateway(conn, gateway_id)
-        current = await _gateway_policy(conn, gateway_id, policy_id)
-        unchanged = (current["type"], current["config"]) == (body.type, body.config)
-        if unchanged and current["invalid_reason"] is None:
-            return _out(current)
-        await conn.execute(
-            "UPDATE policies SET type = $2, config = $3, updated_at = now(), config_schema = 2,"
-            " invalid_reason = NULL WHERE policy_id = $1",
-            policy_id,
-            body.type,
-            body.config,
-        )
-        await refuse_overlaps(conn, [gateway_id], policy_id=policy_id)
-        await bump(conn, [gateway_id])
-        return _out(await _gateway_policy(conn, gateway_id, policy_id))
-
-
-async def delete_for_gateway(db: Database, gateway_id: str, policy_id: str) -> None:
-    async with db.transaction() as conn:
-        await lock_gateway(conn, gateway_id)
-        await _gateway_policy(conn, gateway_id, policy_id)
-        await conn.execute("DELETE FROM policies WHERE policy_id = $1", policy_id)
-        await bump(conn, [gateway_id])
+# policy_id is unique across tenants and gateways; an identical create answers the stored policy.
+TENANT_POLICIES = Kind(
+    table="policies",
+    key="policy_id",
+    columns=("type", "config", "scope", "targets", "gateway_id"),
+    model=PolicyOut,
+    values=_tenant_values,
+    check=_check_targets,
+    written=_no_tenant_overlap,
+    unique_across_tenants=True,
+    repeatable=True,
+    # A policy stored before typed configs and refused by the rules is invalid until a PUT replaces it.
+    stale_column="invalid_reason",
+    set_on_replace="updated_at = now(), config_schema = 2",
+)
+GATEWAY_POLICIES = replace(
+    TENANT_POLICIES, owner=GATEWAY, values=_gateway_values, check=None, written=_no_gateway_overlap
+)
+tenant_policies = Objects(TENANT_POLICIES, prepare=_tenant_policy)
+gateway_policies = Objects(GATEWAY_POLICIES, prepare=_gateway_policy)
 
 
 async def refuse_overlaps(
