@@ -103,7 +103,9 @@ def _run(settings: LinkSettings) -> None:
     try:
         store = InventoryStore(settings.state_dir)
         translator = Translator(options)
-        agent = Agent(settings.gateway_id, ads, reporter, translator.translate, store)
+        agent = Agent(
+            settings.gateway_id, ads, reporter, translator.translate, store, translator.translate_change
+        )
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     endpoints = OperatorEndpoint(

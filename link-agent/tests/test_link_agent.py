@@ -14,11 +14,12 @@ from envoy.config.cluster.v3 import cluster_pb2
 from stoa_harness.wait import wait_until_async
 from stoa_link.ads import PublishResult
 from stoa_link.agent import Agent, InventoryStore
-from stoa_link.cp_client import InvalidInventory
+from stoa_link.cp_client import Changed, InvalidInventory
 from stoa_link.guard import Refusal
 from stoa_link.reporter import Reporter
 from stoa_ops.backoff import Backoff
 from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
+from stoa_proto.inventory_delta import Elements, diff
 from stoa_translate.snapshot import CLUSTER, Snapshot
 
 FR = inventory_pb2.FailureReason
@@ -329,3 +330,76 @@ def test_a_stored_json_inventory_is_read_then_replaced_by_the_binary_one(tmp_pat
     store.save(loaded)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last-applied-inventory.pb"]
     assert store.load() == loaded
+
+
+def changed(old: inventory_pb2.Inventory, new: inventory_pb2.Inventory) -> Changed:
+    """What the CP client gives for a delta event from `old` to `new`."""
+    held = Elements.of(old)
+    base_hash = held.hash()
+    delta = diff(old, new)
+    held.apply(delta)
+    return Changed(delta, held, base_hash)
+
+
+def agent_with_changes(tmp_path: Path, reporter: Reporter, calls: list[bool]) -> Agent:
+    def translate_change(
+        state: Elements, delta: inventory_pb2.InventoryDelta, base_is_latest: bool
+    ) -> Snapshot:
+        calls.append(base_is_latest)
+        return translate(state.inventory())
+
+    return Agent("gw", FakeAds(), reporter, translate, InventoryStore(tmp_path), translate_change)  # type: ignore[arg-type]
+
+
+async def test_a_delta_on_the_inventory_in_force_goes_by_what_changed_and_is_recorded_as_a_change(
+    tmp_path: Path, reporter: Reporter
+) -> None:
+    calls: list[bool] = []
+    agent = agent_with_changes(tmp_path, reporter, calls)
+    one, two, three = inventory(1, "a"), inventory(2, "a", "b"), inventory(3, "b", "c")
+    three.tombstones.add(route_id="a", generation=3)
+    assert (await agent.apply(one)).status == inventory_pb2.SYNCED  # type: ignore[union-attr]
+    for old, new in ((one, two), (two, three)):
+        report = await agent.apply(changed(old, new))
+        assert report is not None
+        assert report.status == inventory_pb2.SYNCED
+        assert report.snapshot_version == translate(new).version
+    # The first change's base was the last translation (of generation 1), and so was the second's.
+    assert calls == [True, True]
+    assert agent.last_applied == Elements.of(three).inventory()
+    # Recorded as changes after the complete inventory, and read back whole by a restarted Link.
+    assert (tmp_path / "last-applied-inventory.changes").stat().st_size > 0
+    assert InventoryStore(tmp_path).load() == Elements.of(three).inventory()
+
+
+async def test_a_delta_losing_a_route_without_a_tombstone_is_refused(
+    tmp_path: Path, reporter: Reporter
+) -> None:
+    agent = agent_with_changes(tmp_path, reporter, [])
+    one = inventory(1, "a", "b")
+    await agent.apply(one)
+    report = await agent.apply(changed(one, inventory(2, "a")))
+    assert report is not None
+    assert (report.status, report.reason) == (inventory_pb2.FAILED, FR.ROUTE_LOSS)
+    assert report.detail == "routes missing without a tombstone: b"
+    assert agent.last_applied == one
+    # The next delta applies to the refused generation, not the one in force: it is taken whole.
+    report = await agent.apply(changed(inventory(2, "a"), inventory(3, "a", "b")))
+    assert report is not None
+    assert report.status == inventory_pb2.SYNCED
+    assert agent.last_applied == inventory(3, "a", "b")
+
+
+def test_a_change_record_cut_short_is_ignored_and_the_rest_is_read_back(tmp_path: Path) -> None:
+    store = InventoryStore(tmp_path)
+    one, two = inventory(1, "a"), inventory(2, "a", "b")
+    store.save(one)
+    store.append(diff(one, two))
+    store.append(diff(two, inventory(3, "a", "b", "c")))
+    path = tmp_path / "last-applied-inventory.changes"
+    path.write_bytes(path.read_bytes()[:-3])  # a crash while the second record was written
+    assert InventoryStore(tmp_path).load() == Elements.of(two).inventory()
+    # Written whole again: the changes are gone, the inventory is the one saved.
+    store.save(two)
+    assert not path.exists()
+    assert InventoryStore(tmp_path).load() == two

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 from google.protobuf import json_format
-from stoa_link.cp_client import Backoff, CpClient
+from stoa_link.cp_client import Backoff, Changed, CpClient
 from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
 from stoa_proto.inventory_delta import diff
 
@@ -63,7 +63,15 @@ async def test_deltas_apply_and_a_gap_a_mismatch_or_garbage_fetch_the_complete_i
         if len(deliveries) == 5:
             break
     await client.aclose()
-    assert deliveries == [v1, v2, v3, v5, v6]
+    # A delta applied comes as what changed with the complete inventory it gives; a fetch as that inventory.
+    assert [type(d).__name__ for d in deliveries] == [
+        "Inventory",
+        "Changed",
+        "Inventory",
+        "Inventory",
+        "Inventory",
+    ]
+    assert [d.inventory() if isinstance(d, Changed) else d for d in deliveries] == [v1, v2, v3, v5, v6]
     assert config_calls == 4
     assert client.refetches == {"mismatch": 1, "gap": 1, "unreadable": 1}
     assert client.last_event_id == 6

@@ -79,6 +79,16 @@ class Elements:
                 held.put(name, element)
         return held
 
+    def copy(self) -> Elements:
+        """An independent copy (the elements are shared: nothing changes a message once held)."""
+        return Elements(
+            self.schema_version,
+            self.gateway_id,
+            self.generation,
+            {name: dict(held) for name, held in self.lists.items()},
+            self.total,
+        )
+
     def put(self, name: str, element: Message) -> None:
         """Add `element`, replacing the one with its key."""
         self.remove(name, key_of(name, element))

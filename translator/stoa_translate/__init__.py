@@ -11,8 +11,10 @@ from __future__ import annotations
 from envoy.config.route.v3 import route_components_pb2
 from google.protobuf.message import Message
 from stoa_proto import inventory_pb2
+from stoa_proto.inventory_delta import Elements
 
 from stoa_translate import ir
+from stoa_translate.changes import Kept
 from stoa_translate.clusters import render_clusters
 from stoa_translate.decision.placement import placed
 from stoa_translate.listener import render_listener
@@ -57,14 +59,41 @@ class Translator:
         self.unkeyed: tuple[str, ...] = ()
         # The latest translation, whose serialised resources the next one reuses where unchanged.
         self._latest: Snapshot | None = None
+        # What a change applies to: the latest full translation (its site, its processing set's
+        # version, its inventory), indexed by `Kept` when the first change comes.
+        self._full: tuple[ir.SiteIR, str | None, inventory_pb2.Inventory] | None = None
+        self._kept: Kept | None = None
 
     def translate(self, inventory: inventory_pb2.Inventory) -> Snapshot:
         """Render `inventory`; raises `stoa_translate.refusal.Refusal` when it cannot be expressed safely."""
         site, resolved = ir.build(inventory, self._resolved)
-        snapshot, rendered, named, tables = self._render(placed(site, self.options), self._latest)
+        site = placed(site, self.options)
+        snapshot, rendered, named, tables = self._render(site, self._latest)
         self._resolved, self._rendered, self._clusters_named, self._tables = resolved, rendered, named, tables
         self._latest = snapshot
+        proc = snapshot.of(PROC_POLICY_SET)[0]
+        self._full = (site, proc.version if site.needs_processing() else None, inventory)  # type: ignore[attr-defined]
+        self._kept = None
         return snapshot
+
+    def translate_change(
+        self, state: Elements, delta: inventory_pb2.InventoryDelta, base_is_latest: bool
+    ) -> Snapshot:
+        """Render `state`, the complete inventory `delta` gives. `base_is_latest`: the caller vouches
+        that this translator's latest translation was of the inventory `delta` applies to; then a
+        change of routes (`stoa_translate.changes`) costs those routes. Anything else, or without that
+        word, is a translation of the complete inventory. Same result, same refusals, either way."""
+        kept, self._kept = self._kept, None
+        if base_is_latest and self._latest is not None:
+            if kept is None and self._full is not None:
+                site, proc_version, inventory = self._full
+                kept = Kept.of(site, self.options, proc_version, self._rendered, inventory, self._latest)
+            snapshot = None if kept is None else kept.apply(delta, state, self._resolved, self._rendered)
+            if snapshot is not None and kept is not None:
+                # The full translation's site is behind now: only `kept` follows the changes.
+                self._kept, self._latest, self._full = kept, snapshot, None
+                return snapshot
+        return self.translate(state.inventory())
 
     def resolve(self, inventory: inventory_pb2.Inventory) -> ir.SiteIR:
         """The first stage alone: the inventory's IR as `render` takes it (refusals as in `translate`)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+from collections.abc import Mapping
 
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import address_pb2, base_pb2, protocol_pb2
@@ -27,9 +28,13 @@ CONNECT_TIMEOUT = duration_pb2.Duration(seconds=5)
 _HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
-def render_clusters(site: SiteIR, options: TranslateOptions) -> list[cluster_pb2.Cluster]:
-    backends = {route.backend.cluster_name: route.backend for route in site.routes if route.kind != MCP_KIND}
-    clusters = [_backend(backends[name]) for name in sorted(backends)]
+def render_clusters(
+    site: SiteIR, options: TranslateOptions, backends: Mapping[str, Backend] | None = None
+) -> list[cluster_pb2.Cluster]:
+    """`backends`: the routes' backends by cluster name, when the caller keeps them."""
+    if backends is None:
+        backends = {r.backend.cluster_name: r.backend for r in site.routes if r.kind != MCP_KIND}
+    clusters = backend_clusters(backends)
     if site.needs_mcp():
         host, port = options.mcp_endpoint()
         clusters.append(_cluster(MCP_MODULE_CLUSTER, host, port, _is_ip(host)))
@@ -37,6 +42,11 @@ def render_clusters(site: SiteIR, options: TranslateOptions) -> list[cluster_pb2
     if site.needs_processing():
         clusters.append(_grpc_service(EXT_PROC_CLUSTER, *options.ext_proc_endpoint()))
     return clusters
+
+
+def backend_clusters(backends: Mapping[str, Backend]) -> list[cluster_pb2.Cluster]:
+    """One cluster per backend, by cluster name."""
+    return [_backend(backends[name]) for name in sorted(backends)]
 
 
 def _is_ip(host: str) -> bool:

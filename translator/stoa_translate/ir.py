@@ -180,7 +180,7 @@ def build(
         if route.route_id in tombstoned:
             raise _invalid(f"route {route.route_id}: both present and tombstoned")
         key = route.SerializeToString(deterministic=True)
-        ir = previous.get(key) or _route(route, backends)
+        ir = previous.get(key) or route_ir(route, backends)
         resolved[key] = ir
         own = policies.get(route.route_id)
         if own:
@@ -273,7 +273,7 @@ def _consumers(
     return tuple(consumers), tuple(subscriptions)
 
 
-def _route(route: inventory_pb2.Route, backends: dict[str, tuple[Backend, str] | str]) -> RouteIR:
+def route_ir(route: inventory_pb2.Route, backends: dict[str, tuple[Backend, str] | str]) -> RouteIR:
     """The route's IR without its policies (`build` adds them)."""
     where = f"route {route.route_id or '<empty>'}"
     for name in ("route_id", "tenant_id", "api_id"):

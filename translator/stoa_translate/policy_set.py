@@ -57,15 +57,19 @@ def route_version_of(r: RouteIR) -> str:
 
 
 @functools.lru_cache(maxsize=65_536)
-def _route_entry(r: RouteIR) -> bytes:
+def route_entry(r: RouteIR) -> bytes:
     """One route of the set, serialised as a set holding only it: serialised messages concatenate
     into their merge (repeated fields appended in order), so 10,000 entries are parsed once from
     their joined bytes and only a changed route is built again (routes are value objects)."""
     return authz_pb2.AuthzPolicySet(routes=[_authz_route(r)]).SerializeToString()
 
 
-def render_policy_set(site: SiteIR) -> authz_pb2.AuthzPolicySet:
-    content = authz_pb2.AuthzPolicySet.FromString(b"".join(_route_entry(r) for r in site.routes))
+def render_policy_set(site: SiteIR, entries: bytes | None = None) -> authz_pb2.AuthzPolicySet:
+    """`entries`: the routes' `route_entry` bytes joined in route order, when the caller keeps them
+    (a change of one route among 10,000 then joins them instead of looking each up)."""
+    if entries is None:
+        entries = b"".join(route_entry(r) for r in site.routes)
+    content = authz_pb2.AuthzPolicySet.FromString(entries)
     content.issuers.extend(
         [
             inventory_pb2.TrustedIssuer(
@@ -96,6 +100,14 @@ def render_proc_policy_set(site: SiteIR) -> proc_pb2.ProcPolicySet:
                 # The member of ProcRoute named like the kind holds its rules.
                 getattr(entry, name).CopyFrom(ir.message())
     return _stamped(content, site)
+
+
+def restamped(policy_set: PolicySetT, generation: int) -> PolicySetT:
+    """A copy of `policy_set` told another generation (its content, hence its version, unchanged)."""
+    copy = type(policy_set)()
+    copy.CopyFrom(policy_set)
+    copy.generation = generation
+    return copy
 
 
 def _stamped(content: PolicySetT, site: SiteIR) -> PolicySetT:

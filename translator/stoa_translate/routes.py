@@ -153,7 +153,7 @@ def render_routes(
     for route in sorted(site.routes, key=lambda r: (-len(r.path_prefix), r.route_id)):
         body = previous.get((route, processing))
         if body is None:
-            entries = _entries(route, options, processing)
+            entries = route_entries(route, options, processing)
             body = route_components_pb2.VirtualHost(routes=entries).SerializeToString()
         rendered[(route, processing)] = body
         name = table_name(scope_key(route.path_prefix) or "") if by_scope else ROUTE_CONFIG_NAME
@@ -182,16 +182,16 @@ def render_routes(
         if before is not None and same and name not in well_known:
             table = before[2]
         else:
-            table = _table(name, parts, version, well_known.get(name, []), by_scope, processing)
+            table = route_table(name, parts, version, well_known.get(name, []), by_scope, processing)
         now[name] = (parts, (version, processing), table)
         tables.append(table)
-    scopes = [_scope(key) for key in sorted(keys)] if by_scope else []
+    scopes = [scope(key) for key in sorted(keys)] if by_scope else []
     unkeyed = unkeyed_routes(site) if options.route_scopes else ()
     return RouteTables(tables, scopes, unkeyed), rendered, now
 
 
 @functools.lru_cache(maxsize=65_536)
-def _scope(key: str) -> scoped_route_pb2.ScopedRouteConfiguration:
+def scope(key: str) -> scoped_route_pb2.ScopedRouteConfiguration:
     """The scope of `key`: one object per key (never changed once built), so an unchanged scope costs
     a publication nothing (`Snapshot.build` reuses what it serialised for the same object)."""
     return scoped_route_pb2.ScopedRouteConfiguration(
@@ -203,7 +203,7 @@ def _scope(key: str) -> scoped_route_pb2.ScopedRouteConfiguration:
     )
 
 
-def _table(
+def route_table(
     name: str,
     parts: tuple[bytes, ...],
     proc_version: str | None,
@@ -265,7 +265,9 @@ def per_route_configs(route: RouteIR, options: TranslateOptions, processing: boo
     return configs
 
 
-def _entries(route: RouteIR, options: TranslateOptions, processing: bool) -> list[route_components_pb2.Route]:
+def route_entries(
+    route: RouteIR, options: TranslateOptions, processing: bool
+) -> list[route_components_pb2.Route]:
     action = route_components_pb2.RouteAction(
         cluster=route.backend.cluster_name,
         timeout=_millis(route.timeout_ms or options.default_route_timeout_ms),

@@ -7,7 +7,7 @@ deterministic serialisation of its content, so the same content always has the s
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
@@ -35,21 +35,72 @@ def resource_name(resource: Message) -> str:
     return str(resource.name)  # type: ignore[attr-defined]
 
 
-def content_version(
-    resources: Mapping[str, Iterable[Message]], bodies: Mapping[int, bytes] | None = None
-) -> str:
-    """Hash of the deterministic serialisation of every resource, by type then by name (`bodies`: the
-    serialisations already made, by object identity)."""
-    digest = hashlib.sha256()
-    for type_url in sorted(resources):
-        digest.update(type_url.encode())
-        for res in sorted(resources[type_url], key=resource_name):
-            body = bodies.get(id(res)) if bodies else None
-            if body is None:
+_MODULUS = 1 << 256
+
+
+def resource_digest(type_url: str, body: bytes) -> int:
+    """One resource's share of the version: the SHA-256 of its type and deterministic serialisation
+    (its name is part of it)."""
+    return int.from_bytes(hashlib.sha256(type_url.encode() + b"\0" + body).digest(), "big")
+
+
+def _version(total: int) -> str:
+    """The snapshot version from the sum of its resources' digests: order-free and additive (like the
+    inventory's hash), so a snapshot that changes a few of 10,000 resources updates it for those."""
+    return hashlib.sha256((total % _MODULUS).to_bytes(32, "big")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """One type's resources as serialised: body and digest by object identity (only of the objects
+    the type holds, so an identity is never that of a freed object), and the digests' sum."""
+
+    bodies: dict[int, bytes]
+    digests: dict[int, int]
+    total: int
+
+    @classmethod
+    def of(cls, type_url: str, resources: tuple[Message, ...], before: _Kept | None) -> _Kept:
+        if before is None or not before.bodies:
+            bodies = {id(r): r.SerializeToString(deterministic=True) for r in resources}
+            digests = {key: resource_digest(type_url, body) for key, body in bodies.items()}
+            return cls(bodies, digests, sum(digests.values()))
+        # Set operations on identities (C speed): only what came and went is looked at in Python.
+        now = set(map(id, resources))
+        gone, added = before.bodies.keys() - now, now - before.bodies.keys()
+        if not gone and not added:
+            return before
+        bodies, digests, total = dict(before.bodies), dict(before.digests), before.total
+        for key in gone:
+            del bodies[key]
+            total -= digests.pop(key)
+        for res in resources if added else ():
+            if id(res) in added:
                 body = res.SerializeToString(deterministic=True)
-            digest.update(len(body).to_bytes(8, "big"))
-            digest.update(body)
-    return digest.hexdigest()[:16]
+                bodies[id(res)], digests[id(res)] = body, resource_digest(type_url, body)
+                total += digests[id(res)]
+        return cls(bodies, digests, total)
+
+
+class _Bodies(Mapping[int, bytes]):
+    """Every resource's deterministic serialisation by object identity, over the types' own maps."""
+
+    def __init__(self, kept: Mapping[str, _Kept]) -> None:
+        self._maps = [k.bodies for k in kept.values()]
+
+    def __getitem__(self, key: int) -> bytes:
+        for bodies in self._maps:
+            body = bodies.get(key)
+            if body is not None:
+                return body
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[int]:
+        for bodies in self._maps:
+            yield from bodies
+
+    def __len__(self) -> int:
+        return sum(len(bodies) for bodies in self._maps)
 
 
 @dataclass(frozen=True)
@@ -63,6 +114,7 @@ class Snapshot:
     # Each resource's deterministic serialisation, by the identity of the object `resources` holds:
     # the ADS server packs these bytes, and a next build given this snapshot reuses them.
     bodies: Mapping[int, bytes] = field(default_factory=dict, compare=False, repr=False)
+    _kept: Mapping[str, _Kept] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -71,18 +123,26 @@ class Snapshot:
         generation: int,
         resources: Mapping[str, Iterable[Message]],
         previous: Snapshot | None = None,
+        ordered: Iterable[str] = (),
     ) -> Snapshot:
         """`previous`: a snapshot whose resource objects, where this one holds the same object again,
-        were not changed since (the translator's kept tables and scopes): their bytes are reused, so
-        a change costs the serialisation of what changed, not of 10,000 routes."""
-        ordered = {t: tuple(sorted(rs, key=resource_name)) for t, rs in resources.items()}
-        known = previous.bodies if previous is not None else {}
-        bodies: dict[int, bytes] = {}
-        for held in ordered.values():
-            for res in held:
-                body = known.get(id(res))
-                bodies[id(res)] = res.SerializeToString(deterministic=True) if body is None else body
-        return cls(gateway_id, generation, ordered, content_version(ordered, bodies), bodies)
+        were not changed since (the translator's kept tables and scopes): their bytes and digests are
+        reused, and only the objects not held before are serialised, so a change costs what changed,
+        not 10,000 routes. `ordered`: the types whose resources are given as a tuple already in name
+        order."""
+        presorted = frozenset(ordered)
+        held: dict[str, tuple[Message, ...]] = {}
+        kept: dict[str, _Kept] = {}
+        for type_url, given in resources.items():
+            if type_url in presorted and isinstance(given, tuple):
+                in_order = given
+            else:
+                in_order = tuple(sorted(given, key=resource_name))
+            held[type_url] = in_order
+            before = previous._kept.get(type_url) if previous is not None else None
+            kept[type_url] = _Kept.of(type_url, in_order, before)
+        version = _version(sum(k.total for k in kept.values()))
+        return cls(gateway_id, generation, held, version, _Bodies(kept), kept)
 
     def of(self, type_url: str) -> tuple[Message, ...]:
         return self.resources.get(type_url, ())

@@ -61,7 +61,9 @@ def test_an_inconsistent_translation_is_refused_never_returned(monkeypatch: pyte
     monkeypatch.setattr(
         stoa_translate,
         "render_clusters",
-        lambda site, options: [c for c in render(site, options) if c.name != "backend_http_10.0.0.1_80"],
+        lambda site, options, backends=None: [
+            c for c in render(site, options, backends) if c.name != "backend_http_10.0.0.1_80"
+        ],
     )
     with pytest.raises(Refusal) as caught:
         translate(inventory(1, "http://10.0.0.1:80", "http://10.0.0.2:80"), OPTIONS)
@@ -131,10 +133,10 @@ def test_a_one_route_change_resolves_and_renders_that_route_only(monkeypatch: py
 
         return wrapper
 
-    monkeypatch.setattr(ir, "_route", counting("resolve", ir._route))
-    monkeypatch.setattr(routes, "_entries", counting("render", routes._entries))
-    entry = policy_set._route_entry
-    monkeypatch.setattr(policy_set, "_route_entry", counting("authz_entry", entry))
+    monkeypatch.setattr(ir, "route_ir", counting("resolve", ir.route_ir))
+    monkeypatch.setattr(routes, "route_entries", counting("render", routes.route_entries))
+    entry = policy_set.route_entry
+    monkeypatch.setattr(policy_set, "route_entry", counting("authz_entry", entry))
     after = remembering.translate(inventory(2, *upstreams[:-1], "http://10.9.9.9:80"))
     assert calls["resolve"] == calls["render"] == 1
     # Every entry of the policy set is looked up; only the changed one is built (a cache miss).
