@@ -146,10 +146,15 @@ def test_request_guardrails_and_bypasses(estate: Estate) -> None:
         "path": "$.messages[1]",
     }
     assert estate.llm.requests() == [], "a refused request reached the model"
+
     # Each refusal is one decision event with its closed reason, and no body content.
-    # The service writes its log a moment after it answers: wait for this test's seven events.
+    # The service writes its log in batches, a moment after it answers (an earlier test's event may
+    # come after this test began): wait for this test's seven events, its last one included.
+    def logged() -> list[dict]:
+        return estate.site.proc_events("ext_proc_decision")[logged_before:]  # type: ignore[union-attr]
+
     events = wait_until(
-        lambda: (e := estate.site.proc_events("ext_proc_decision")[logged_before:]) and len(e) >= 7 and e,
+        lambda: (e := logged()) and any(x["reason"] == "schema_invalid" for x in e) and len(e) >= 7 and e,
         10,
         "decision events",
     )
