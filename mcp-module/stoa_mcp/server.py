@@ -82,6 +82,9 @@ class McpModule:
             on_call_tool=self._call_tool,
             get_tool_input_schema=self._input_schema,
         )
+        # The SDK wraps every message in an OpenTelemetry span; no tracer is installed here, so the
+        # spans go nowhere and only cost CPU per call (bench/PROFILE-mcp.md). Its documented opt-out.
+        self.server.middleware.clear()
         self.sessions = StreamableHTTPSessionManager(
             app=self.server,
             session_idle_timeout=30 * 60,
