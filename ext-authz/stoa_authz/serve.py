@@ -117,7 +117,9 @@ async def serve(settings: Settings, envelope: Envelope, stop: asyncio.Event | No
         }
         await run_until_stopped(stop, subscription, http, log, started)
     finally:
-        await asyncio.to_thread(server.stop(grace=1).wait)
-        # After the last Check: every decision's event is written before the process exits.
-        decision_log.close()
-        counters.close()
+        try:
+            await asyncio.to_thread(server.stop(grace=1).wait)
+        finally:
+            # After the last Check: every decision's event is written before the process exits.
+            decision_log.close()
+            counters.close()

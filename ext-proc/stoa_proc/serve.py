@@ -68,7 +68,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         started = {"grpc_address": settings.grpc_address, "http_address": settings.http_address}
         await run_until_stopped(stop, subscription, http, log, started)
     finally:
-        await server.stop(grace=1)
-        decisions.close()  # after the last exchange: every event is written
-        if quota_store is not None:
-            quota_store.close()
+        try:
+            await server.stop(grace=1)
+        finally:
+            decisions.close()  # after the last exchange: every event is written
+            if quota_store is not None:
+                quota_store.close()

@@ -101,10 +101,15 @@ class BufferedLines:
             count = len(self._lines)
             if not count:
                 return
-            chunk = "".join(self._lines.popleft() for _ in range(count))
+            lines = [self._lines.popleft() for _ in range(count)]
             stream = self._stream or sys.stderr
-            stream.write(chunk)
-            stream.flush()
+            try:
+                stream.write("".join(lines))
+                stream.flush()
+            except BaseException:
+                # Back at the head of the queue, in order: the next flush (or close) writes them.
+                self._lines.extendleft(reversed(lines))
+                raise
 
     def start(self) -> Self:
         if self._flusher is None:

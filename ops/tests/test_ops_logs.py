@@ -67,3 +67,29 @@ def test_head_is_what_the_formatter_writes_for_a_record_without_fields() -> None
     record.created = now
     written = json.loads(logs.head(now, "info", "stoa_authz.decision", "ext_authz_decision") + '"x":1}')
     assert written == json.loads(logs.JsonLines().format(record)) | {"x": 1}
+
+
+class FailingOnce(io.StringIO):
+    """A stream whose first write fails (a full disk, a closed pipe), then recovers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def write(self, text: str) -> int:
+        if not self.failed:
+            self.failed = True
+            raise OSError("no space left on device")
+        return super().write(text)
+
+
+def test_buffered_lines_survive_a_failed_write_in_order() -> None:
+    stream = FailingOnce()
+    lines = logs.BufferedLines(stream)
+    lines.append("one\n")
+    lines.append("two\n")
+    with pytest.raises(OSError, match="no space"):
+        lines.flush()
+    lines.append("three\n")
+    lines.close()
+    assert stream.getvalue() == "one\ntwo\nthree\n"
