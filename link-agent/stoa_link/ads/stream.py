@@ -74,9 +74,9 @@ class _TypeState:
     # name (its initial versions, then what was sent to it).
     wildcard: bool = False
     known: dict[str, str] = field(default_factory=dict)
-    # The Served this stream's `known` was last brought level with (by a push or a finding that
-    # nothing differs); None once a request changed what it asks for or holds.
-    level_with: Served | None = None
+    # The serial of the Served this stream's `known` was last brought level with (by a push or a
+    # finding that nothing differs); None once a request changed what it asks for or holds.
+    level_with: int | None = None
 
 
 @dataclass(frozen=True)
@@ -112,9 +112,11 @@ class Served:
     digest: str
     # Delta xDS: each resource's own version, by name (see `Streams.serve`).
     versions: Mapping[str, str] = field(default_factory=dict)
-    # When this one followed a snapshot's edits of the one it replaced (`since`): the names pushed
-    # anew and the names gone, so a stream level with `since` is brought level by those alone.
-    since: Served | None = None
+    # Its own serial; and when it followed a snapshot's edits of the one it replaced, that one's serial
+    # (`since`, not the object: no chain of past contents is kept alive), the names pushed anew and the
+    # names gone, so a stream level with `since` is brought level by those alone.
+    serial: int = 0
+    since: int | None = None
     changed: frozenset[str] = frozenset()
     removed: frozenset[str] = frozenset()
 
@@ -200,6 +202,7 @@ class Streams:
         self._changed = asyncio.Event()
         self._sids = itertools.count(1)
         self._nonces = itertools.count(1)
+        self._serials = itertools.count(1)
         self._seq = itertools.count(1)
         self.events: deque[AdsEvent] = deque(maxlen=50_000)
         self.nacks: Counter[str] = Counter()  # by type URL, for /metrics (the event log is bounded)
@@ -265,7 +268,8 @@ class Streams:
                 entries,
                 _digest(total),
                 versions,
-                previous,
+                next(self._serials),
+                previous.serial,
                 frozenset(changed),
                 frozenset(removed),
             )
@@ -280,15 +284,15 @@ class Streams:
                 if name not in lineage or lineage[name][0] != hit[3]:
                     lineage[name] = (hit[3], version)
             versions = {name: lineage[name][1] for name in entries}
-            served = Served(version, resources, entries, _digest(total), versions)
+            served = Served(version, resources, entries, _digest(total), versions, next(self._serials))
         self._totals[type_url] = total
         self._served[type_url] = served
         for stream in list(self._streams.values()):
             state = stream.types.get(type_url)
             if type_url in stream.allowed and state is not None and state.subscribed:
                 if state.sent_digest == served.digest and state.nack_detail is None:
-                    if state.level_with is previous:
-                        state.level_with = served
+                    if previous is not None and state.level_with == previous.serial:
+                        state.level_with = served.serial
                     continue
                 self._send(stream, type_url)
         return served.digest
@@ -324,7 +328,7 @@ class Streams:
         any) is acknowledged."""
         served = self._served[type_url]
         state = stream.state(type_url)
-        if served.since is not None and state.level_with is served.since:
+        if served.since is not None and state.level_with == served.since:
             # Level with what was served before: only what changed since can differ.
             names = served.changed if state.wildcard else served.changed & state.names
             candidates = sorted(names)
@@ -337,7 +341,7 @@ class Streams:
             for name in candidates
             if state.known.get(name) != served.versions[name]
         ]
-        state.level_with = served
+        state.level_with = served.serial
         state.sent_digest, state.sent_version = served.digest, served.version
         if not changed and not removed:
             return
