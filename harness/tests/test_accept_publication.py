@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from stoa_harness.cp_client import Call, CPClient, CPError
 from stoa_harness.envoy import EnvoyProcess
 from stoa_harness.estate import Estate
@@ -175,6 +176,19 @@ def test_cp_outage_keeps_envoy_serving_and_the_link_catches_up(estate: Estate) -
 def test_a_change_travels_as_a_delta_checked_against_the_complete_inventory(estate: Estate) -> None:
     """Issue 14: the real CP streams what changed; the Link applies it, checks the content hash and
     publishes without fetching the complete inventory (which stays available, and much larger)."""
+
+    def stream_open() -> bool:
+        # Until the Link's event stream is open (after an earlier test's CP outage, say), a change
+        # reaches it by the complete fetch that starts every stream, not as a delta.
+        scraped = httpx.get(f"{estate.link_http_url}/metrics", timeout=10).text
+        return any(
+            sample.value == 1
+            for family in text_string_to_metric_families(scraped)
+            for sample in family.samples
+            if sample.name == "stoa_link_cp_connected"
+        )
+
+    wait_until(stream_open, 30, "the Link's event stream open")
     for n in range(4):
         estate.publish(f"pub-delta-{n}", upstream_url=f"{estate.upstream.url}/delta", methods=["GET"])
     generation = estate.publish("pub-delta", upstream_url=f"{estate.upstream.url}/delta", methods=["GET"])

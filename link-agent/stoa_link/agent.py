@@ -12,6 +12,8 @@ newer delivery came first: it then ends SYNCED (or FAILED for a reason of its ow
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import os
 import time
@@ -163,6 +165,10 @@ class InventoryStore:
             os.close(dir_fd)
 
 
+# How long the worker waits after a complete publication before preparing for changes (a change
+# arriving sooner prepares them itself).
+IDLE_BEFORE_PREPARE_S = 0.2
+
 # Envoy's error details can be long and may hold any byte; the CP refuses what it cannot store, and a
 # refused report would be lost, so the detail is made storable here.
 MAX_DETAIL_CHARS = 4000
@@ -195,14 +201,19 @@ class Agent:
         translate: Translate,
         store: InventoryStore,
         translate_change: TranslateChange | None = None,
+        prepare_changes: Callable[[], None] | None = None,
     ) -> None:
         """`translate_change`: translates a delta's complete inventory by what changed (the Link's
-        `Translator.translate_change`); without it a delta's inventory is translated whole."""
+        `Translator.translate_change`); without it a delta's inventory is translated whole.
+        `prepare_changes`: run once idle after a complete inventory was published, so the first change
+        after it does not pay for what the changes need (`Translator.prepare_changes`)."""
         self.gateway_id = gateway_id
         self.ads = ads
         self.reporter = reporter
         self.translate = translate
         self.translate_change = translate_change
+        self.prepare_changes = prepare_changes
+        self._prepare_pending = False
         self.store = store
         # The inventory in force, as a message and as elements (each made from the other when asked).
         self._applied: inventory_pb2.Inventory | None = store.load()
@@ -292,7 +303,14 @@ class Agent:
 
     async def _until_delivery(self) -> None:
         """Until a delivery arrives; meanwhile, a publication a missing client failed is made again
-        once every client is connected."""
+        once every client is connected, and what the changes need is prepared once idle."""
+        if self._prepare_pending and self.prepare_changes is not None:
+            self._prepare_pending = False
+            with contextlib.suppress(TimeoutError):
+                # Idle only once the report went out and nothing came right after it.
+                await asyncio.wait_for(self._arrived.wait(), IDLE_BEFORE_PREPARE_S)
+            if not self._arrived.is_set():
+                self.prepare_changes()
         while not self._arrived.is_set():
             if self._again is None:
                 await self._arrived.wait()
@@ -433,6 +451,12 @@ class Agent:
         )
         if fold:  # after the report: the recorded deltas become one complete inventory again
             self.store.save(self.last_applied)  # type: ignore[arg-type]
+        if change is None:
+            self._prepare_pending = True
+            # The complete inventory's objects (10,000 routes' IR, entries, resources) live until the
+            # next complete one: kept out of the cyclic collector's passes, which otherwise walk them
+            # all, again and again, while a change allocates (they are freed by reference counts).
+            gc.freeze()
         return report
 
     def _change_in_force(self, delivery: Changed) -> Changed | None:

@@ -104,7 +104,13 @@ def _run(settings: LinkSettings) -> None:
         store = InventoryStore(settings.state_dir)
         translator = Translator(options)
         agent = Agent(
-            settings.gateway_id, ads, reporter, translator.translate, store, translator.translate_change
+            settings.gateway_id,
+            ads,
+            reporter,
+            translator.translate,
+            store,
+            translator.translate_change,
+            translator.prepare_changes,
         )
     except ValueError as exc:
         raise StartupError(str(exc)) from None

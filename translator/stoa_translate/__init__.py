@@ -76,6 +76,13 @@ class Translator:
         self._kept = None
         return snapshot
 
+    def prepare_changes(self) -> None:
+        """Index the latest full translation for the changes to come (done by the first change
+        otherwise: a caller with idle time spends it here instead)."""
+        if self._kept is None and self._full is not None and self._latest is not None:
+            site, proc_version, inventory = self._full
+            self._kept = Kept.of(site, self.options, proc_version, self._rendered, inventory, self._latest)
+
     def translate_change(
         self, state: Elements, delta: inventory_pb2.InventoryDelta, base_is_latest: bool
     ) -> Snapshot:
@@ -83,11 +90,9 @@ class Translator:
         that this translator's latest translation was of the inventory `delta` applies to; then a
         change of routes (`stoa_translate.changes`) costs those routes. Anything else, or without that
         word, is a translation of the complete inventory. Same result, same refusals, either way."""
+        self.prepare_changes()
         kept, self._kept = self._kept, None
         if base_is_latest and self._latest is not None:
-            if kept is None and self._full is not None:
-                site, proc_version, inventory = self._full
-                kept = Kept.of(site, self.options, proc_version, self._rendered, inventory, self._latest)
             snapshot = None if kept is None else kept.apply(delta, state, self._resolved, self._rendered)
             if snapshot is not None and kept is not None:
                 # The full translation's site is behind now: only `kept` follows the changes.

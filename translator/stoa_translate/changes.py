@@ -111,10 +111,26 @@ class Kept:
         inventory: inventory_pb2.Inventory,
         snapshot: Snapshot,
     ) -> Kept:
-        """The indexes of the full translation of `inventory` (`site`, `rendered`) to `snapshot`."""
+        """The indexes of the full translation of `inventory` (`site`, `rendered`) to `snapshot`, each
+        made by one comprehension over the routes (10,000 of them, once per full translation)."""
         processing = proc_version is not None
         by_scope = scoped(site, options)
-        kept = cls(
+        routes = site.routes
+        keys = [scope_key(r.path_prefix) for r in routes]
+        tables = [table_name(k or "") for k in keys] if by_scope else [ROUTE_CONFIG_NAME] * len(routes)
+        bodies = [rendered[(r, processing)] for r in routes]
+        rows: dict[str, dict[str, tuple[tuple[int, str], bytes]]] = {}
+        for route, table, body in zip(routes, tables, bodies, strict=True):
+            rows.setdefault(table, {})[route.route_id] = ((-len(route.path_prefix), route.route_id), body)
+        verified = [r for r in routes if _verified(r)]
+        served = [r for r in routes if r.kind != ir.MCP_KIND]
+        well_known: dict[str, list[route_components_pb2.Route]] = {}
+        key_counts = Counter(k or "" for k in keys)
+        for entry in mcp.well_known_entries(site):
+            key = scope_key(entry.match.path) or ""
+            key_counts[key] += 1
+            well_known.setdefault(table_name(key) if by_scope else ROUTE_CONFIG_NAME, []).append(entry)
+        return cls(
             options=options,
             site=site,
             generation=site.generation,
@@ -122,41 +138,30 @@ class Kept:
             processing=processing,
             proc_version=proc_version,
             verifiable=placement.verifiable_tenants(site.issuers),
-            routes={},
-            bodies={},
-            prefixes={},
+            routes={r.route_id: r for r in routes},
+            bodies={r.route_id: body for r, body in zip(routes, bodies, strict=True)},
+            prefixes={r.path_prefix: r.route_id for r in routes},
             claimed=frozenset(i for p in inventory.policies for i in p.applicable),
-            tenants=Counter(),
-            placements=Counter(),
-            verified_tenants=Counter(),
-            envoy_verified=0,
-            unkeyed=set(),
-            backends=Counter(),
-            backend_of={},
-            rows={},
-            well_known={},
-            uses_processing=frozenset(),
+            tenants=Counter(r.tenant_id for r in routes),
+            placements=Counter(r.placement for r in routes),
+            verified_tenants=Counter(r.tenant_id for r in verified),
+            envoy_verified=sum(1 for r in verified if r.placement == placement.ENVOY),
+            unkeyed={r.route_id for r, k in zip(routes, keys, strict=True) if k is None},
+            backends=Counter(r.backend.cluster_name for r in served),
+            backend_of={r.backend.cluster_name: r.backend for r in served},
+            rows=rows,
+            well_known=well_known,
+            uses_processing=frozenset(
+                t for r, t in zip(routes, tables, strict=True) if r.policies and r.uses_processing()
+            ),
             tables={t.name: t for t in snapshot.of(ROUTE)},  # type: ignore[attr-defined]
-            keys=Counter(),
-            key_list=[],
+            keys=key_counts,
+            key_list=sorted(key_counts) if by_scope else [],
             scope_list=list(snapshot.of(SCOPED_ROUTE)),  # type: ignore[arg-type]
-            entry_ids=[r.route_id for r in site.routes],
-            entry_list=[route_entry(r) for r in site.routes],
+            entry_ids=[r.route_id for r in routes],
+            entry_list=[route_entry(r) for r in routes],
             previous=snapshot,
         )
-        uses_processing = set()
-        for route in site.routes:
-            body = rendered[(route, processing)]
-            kept._add(route, body)
-            if route.uses_processing():
-                uses_processing.add(kept.table_of(route))
-        for entry in mcp.well_known_entries(site):
-            key = scope_key(entry.match.path) or ""
-            kept.keys[key] += 1
-            kept.well_known.setdefault(table_name(key) if by_scope else ROUTE_CONFIG_NAME, []).append(entry)
-        kept.uses_processing = frozenset(uses_processing)
-        kept.key_list = sorted(kept.keys) if by_scope else []
-        return kept
 
     def table_of(self, route: ir.RouteIR) -> str:
         return table_name(scope_key(route.path_prefix) or "") if self.by_scope else ROUTE_CONFIG_NAME
@@ -229,7 +234,9 @@ class Kept:
 
         # Nothing refused: from here on the kept state moves to the new generation.
         touched: set[str] = set()
-        keys_before = set(self.keys)
+        # The scope keys the change may bring or take away, with how many routes (or entries) hold each.
+        affected = {scope_key(r.path_prefix) or "" for r in (*old.values(), *new.values()) if r is not None}
+        held_before = {key: self.keys.get(key, 0) for key in affected}
         backends_before = set(self.backends)
         for route in old.values():
             touched.add(self.table_of(route))
@@ -249,7 +256,11 @@ class Kept:
             touched.add(self.table_of(route))
             bodies.append(body)
         self.generation = delta.generation
-        snapshot = self._snapshot(delta.generation, touched, keys_before, backends_before, entries_changed)
+        keys_gone = {key for key, count in held_before.items() if count and key not in self.keys}
+        keys_new = {key for key, count in held_before.items() if not count and key in self.keys}
+        snapshot = self._snapshot(
+            delta.generation, touched, keys_gone, keys_new, backends_before, entries_changed
+        )
         clusters = {c.name for c in snapshot.of(CLUSTER)}  # type: ignore[attr-defined]
         for body in bodies:
             missing = clusters_named(route_components_pb2.VirtualHost.FromString(body).routes) - clusters
@@ -350,7 +361,8 @@ class Kept:
         self,
         generation: int,
         touched: set[str],
-        keys_before: set[str],
+        keys_gone: set[str],
+        keys_new: set[str],
         backends_before: set[str],
         entries_changed: bool,
     ) -> Snapshot:
@@ -366,15 +378,20 @@ class Kept:
             self.tables[name] = route_table(
                 name, parts, version, self.well_known.get(name, []), self.by_scope, self.processing
             )
-        if self.by_scope and set(self.keys) != keys_before:
-            for key in keys_before - self.keys.keys():
+        edits: dict[str, tuple[list[Message], list[Message]]] = {}
+        if self.by_scope and (keys_gone or keys_new):
+            gone, added = [], []
+            for key in keys_gone:
                 at = bisect.bisect_left(self.key_list, key)
+                gone.append(self.scope_list[at])
                 del self.key_list[at], self.scope_list[at]
-            for key in self.keys.keys() - keys_before:
+            for key in keys_new:
                 at = bisect.bisect_left(self.key_list, key)
                 self.key_list.insert(at, key)
-                self.scope_list.insert(at, scope(key))
+                added.append(scope(key))
+                self.scope_list.insert(at, added[-1])
             scopes: tuple[Message, ...] = tuple(self.scope_list)
+            edits[SCOPED_ROUTE] = (gone, added)
         else:
             scopes = previous.of(SCOPED_ROUTE)
         clusters: Iterable[Message] = previous.of(CLUSTER)
@@ -404,7 +421,7 @@ class Kept:
         if self.by_scope:
             resources[SCOPED_ROUTE] = scopes
         ordered = (CLUSTER, ROUTE, SCOPED_ROUTE, AUTHZ_POLICY_SET, PROC_POLICY_SET, MCP_POLICY_SET)
-        snapshot = Snapshot.build(self.site.gateway_id, generation, resources, previous, ordered)
+        snapshot = Snapshot.build(self.site.gateway_id, generation, resources, previous, ordered, edits)
         self.previous = snapshot
         return snapshot
 

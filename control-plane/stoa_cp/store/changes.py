@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +81,10 @@ class Tracked:
     policy_rows: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # the relevant policies
     issuer_keys: dict[str, tuple[str, str]] = field(default_factory=dict)  # issuer_id → inventory key
     mcp_routes: set[str] = field(default_factory=set)  # routes of kind mcp (their tenants' tools ship)
+    # Routes per tenant (the tenants routed here), and whether a route came, went or changed tenant
+    # since the policies' `applicable` lists were last computed.
+    tenant_routes: Counter[str] = field(default_factory=Counter)
+    routes_moved: bool = False
 
     @property
     def generation(self) -> int:
@@ -105,7 +109,7 @@ class Tracked:
                 "SELECT route_id, generation FROM tombstones WHERE gateway_id = $1", gateway_id
             ):
                 state.elements.put("tombstones", _tombstone(row))
-            tenants = sorted(set(state.route_tenants.values()))
+            tenants = sorted(state.tenant_routes)
             for row in await conn.fetch(
                 f"SELECT {_POLICY_COLUMNS} FROM policies"  # noqa: S608
                 " WHERE invalid_reason IS NULL AND (gateway_id = $1 OR tenant_id = ANY($2::text[]))",
@@ -161,15 +165,15 @@ class Tracked:
                 f"SELECT {_ISSUER_COLUMNS} FROM issuers x WHERE {_changed('$1')}",  # noqa: S608
                 self.snapshot,
             )
-            tenants_before = set(self.route_tenants.values())
-            routes_before = dict(self.route_tenants)
+            tenants_before = set(self.tenant_routes)
+            self.routes_moved = False
             # Removals first: a key removed and written again since the last read is present now.
             for row in removals:
                 kind, item = row["kind"], row["item"]
                 if kind == "route" and row["gateway_id"] == self.gateway_id:
                     touch("routes", item)
                     elements.remove("routes", item)
-                    self.route_tenants.pop(item, None)
+                    self._drop_route(item)
                     self.mcp_routes.discard(item)
                 elif kind == "tombstone" and row["gateway_id"] == self.gateway_id:
                     touch("tombstones", item)
@@ -188,7 +192,7 @@ class Tracked:
             for row in tombstones:
                 touch("tombstones", row["route_id"])
                 elements.put("tombstones", _tombstone(row))
-            tenants = set(self.route_tenants.values())
+            tenants = set(self.tenant_routes)
             added_tenants = sorted(tenants - tenants_before)
             if added_tenants:
                 # A tenant's first route here brings its policies and issuers, changed or not.
@@ -227,7 +231,7 @@ class Tracked:
                 del self.policy_rows[policy_id]
                 touch("policies", policy_id)
                 elements.remove("policies", policy_id)
-        if self.route_tenants != routes_before:
+        if self.routes_moved:
             rerender = dict(self.policy_rows)
         for policy_id in rerender:
             touch("policies", policy_id)
@@ -278,8 +282,20 @@ class Tracked:
         self.__dict__.update(fresh.__dict__)
         return delta
 
+    def _drop_route(self, route_id: str) -> None:
+        tenant = self.route_tenants.pop(route_id, None)
+        if tenant is not None:
+            self.routes_moved = True
+            self.tenant_routes[tenant] -= 1
+            if self.tenant_routes[tenant] <= 0:
+                del self.tenant_routes[tenant]
+
     def _put_route(self, row: Mapping[str, Any]) -> None:
-        self.route_tenants[row["api_id"]] = row["tenant_id"]
+        if self.route_tenants.get(row["api_id"]) != row["tenant_id"]:
+            self._drop_route(row["api_id"])
+            self.route_tenants[row["api_id"]] = row["tenant_id"]
+            self.tenant_routes[row["tenant_id"]] += 1
+            self.routes_moved = True
         if row["kind"] == "mcp":
             self.mcp_routes.add(row["api_id"])
         else:
@@ -308,7 +324,7 @@ class Tracked:
         """The consumers, subscriptions and revoked key digests of the tenants routed here, read whole
         by the inventory's own queries: a key, a plan or a subscription changes none of the rows the
         other lists are tracked by, and a revocation must never wait for one that does."""
-        fresh = await consumer_lists(conn, sorted(set(self.route_tenants.values())), list(self.route_tenants))
+        fresh = await consumer_lists(conn, sorted(self.tenant_routes), self.gateway_id)
         for name, elements in fresh.items():
             by_key = {key_of(name, element): element for element in elements}
             for key in set(self.elements.keys(name)) | by_key.keys():
@@ -325,7 +341,9 @@ class Tracked:
         self.elements.put("issuers", message)
 
     def _render_policies(self, rows: Iterable[Mapping[str, Any]] | Mapping[str, Mapping[str, Any]]) -> None:
-        values = rows.values() if isinstance(rows, Mapping) else rows
+        values = list(rows.values() if isinstance(rows, Mapping) else rows)
+        if not values:
+            return  # the applicable lists below cost a walk of every route
         all_routes = sorted(self.route_tenants)
         by_tenant: dict[str, list[str]] = {}
         for route_id in all_routes:

@@ -124,7 +124,7 @@ async def build(conn: asyncpg.Connection, gateway_id: str) -> Document | None:
         tenants,
     )
     tools = await conn.fetch(TOOLS, list(routes["mcp_tenants"]))
-    consumer_data = await consumer_lists(conn, tenants, routes["route_ids"])
+    consumer_data = await consumer_lists(conn, tenants, gateway_id)
 
     inv = inventory_pb2.Inventory(
         schema_version=INVENTORY_SCHEMA_VERSION, gateway_id=gateway_id, generation=int(generation)
@@ -148,10 +148,11 @@ async def build(conn: asyncpg.Connection, gateway_id: str) -> Document | None:
 
 
 async def consumer_lists(
-    conn: asyncpg.Connection, tenants: list[str], route_ids: list[str]
+    conn: asyncpg.Connection, tenants: list[str], gateway_id: str
 ) -> dict[str, list[Any]]:
     """The inventory's consumers (with their live keys' digests) and revoked key digests of `tenants`,
-    and the subscriptions to `route_ids` with their plans' figures (the full build and the deltas)."""
+    and the subscriptions to the APIs deployed on `gateway_id` with their plans' figures (the full build
+    and the deltas; by a join, not a list of 10,000 route ids sent with every generation)."""
     consumers = await conn.fetch(
         "SELECT c.tenant_id, c.consumer_id, c.client_ids,"
         " coalesce((SELECT array_agg(encode(k.key_sha256, 'hex') ORDER BY k.key_sha256) FROM api_keys k"
@@ -164,8 +165,9 @@ async def consumer_lists(
         "SELECT s.tenant_id, s.subscription_id, s.consumer_id, s.api_id, s.plan_id,"
         " s.state = 'active' AS active, p.requests, p.window_seconds, p.billed"
         " FROM subscriptions s JOIN plans p ON p.tenant_id = s.tenant_id AND p.plan_id = s.plan_id"
-        " WHERE s.api_id = ANY($1::text[]) ORDER BY s.tenant_id, s.subscription_id",
-        route_ids,
+        " WHERE s.api_id IN (SELECT d.api_id FROM deployments d WHERE d.gateway_id = $1)"
+        " ORDER BY s.tenant_id, s.subscription_id",
+        gateway_id,
     )
     revoked = await conn.fetchval(
         "SELECT coalesce(array_agg(encode(key_sha256, 'hex') ORDER BY key_sha256), '{}') FROM api_keys"

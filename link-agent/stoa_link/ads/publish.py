@@ -179,7 +179,9 @@ class Publisher:
             CLUSTER: streams.serve(CLUSTER, cds_version, tuple(union[n] for n in sorted(union)), bodies),
             LISTENER: streams.serve(LISTENER, version, snapshot.of(LISTENER), bodies),
             # Scopes and the route tables they name (none when the listener names one table).
-            SCOPED_ROUTE: streams.serve(SCOPED_ROUTE, version, snapshot.of(SCOPED_ROUTE), bodies),
+            SCOPED_ROUTE: streams.serve(
+                SCOPED_ROUTE, version, snapshot.of(SCOPED_ROUTE), bodies, snapshot.edits.get(SCOPED_ROUTE)
+            ),
             ROUTE: streams.serve(ROUTE, version, snapshot.of(ROUTE), bodies),
         }
         timings["envoy_serve_ms"] = elapsed_ms(mark)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import itertools
 import logging
@@ -73,6 +74,9 @@ class _TypeState:
     # name (its initial versions, then what was sent to it).
     wildcard: bool = False
     known: dict[str, str] = field(default_factory=dict)
+    # The serial of the Served this stream's `known` was last brought level with (by a push or a
+    # finding that nothing differs); None once a request changed what it asks for or holds.
+    level_with: int | None = None
 
 
 @dataclass(frozen=True)
@@ -103,10 +107,23 @@ class Served:
 
     version: str
     resources: tuple[Message, ...]
-    packed: tuple[any_pb2.Any, ...]
+    # Each resource as packed, by name (see `_pack`).
+    entries: Mapping[str, _Packed]
     digest: str
     # Delta xDS: each resource's own version, by name (see `Streams.serve`).
     versions: Mapping[str, str] = field(default_factory=dict)
+    # Its own serial; and when it followed a snapshot's edits of the one it replaced, that one's serial
+    # (`since`, not the object: no chain of past contents is kept alive), the names pushed anew and the
+    # names gone, so a stream level with `since` is brought level by those alone.
+    serial: int = 0
+    since: int | None = None
+    changed: frozenset[str] = frozenset()
+    removed: frozenset[str] = frozenset()
+
+    @functools.cached_property
+    def packed(self) -> tuple[any_pb2.Any, ...]:
+        """Every resource packed, in order (a state-of-the-world response)."""
+        return tuple(self.entries[resource_name(r)][1] for r in self.resources)
 
 
 @dataclass(frozen=True)
@@ -118,8 +135,34 @@ class Progress:
     missing: list[str]  # the readers with no stream open
 
 
-# One resource as packed: (the object, its Any, its name, the hash of its content).
-_Packed = tuple[Message, any_pb2.Any, str, str]
+# One resource as packed: (the object, its Any, its name, the hash of its content, its share of the
+# type's digest).
+_Packed = tuple[Message, any_pb2.Any, str, str, int]
+_MODULUS = 1 << 256
+
+
+def _packed(type_url: str, res: Message, bodies: Mapping[int, bytes] | None) -> _Packed:
+    """One resource packed from the deterministic serialisation (`bodies`: those the snapshot made, by
+    object identity). A site service's policy set is identified by its name and its own `version` (the
+    hash of what the service decides on), not by the generation it also carries: the service keeps the
+    set it loaded for a known version anyway (stoa_authz.policy.PolicyStore), so re-sending it for a new
+    generation only costs a reload."""
+    body = bodies.get(id(res)) if bodies else None
+    if body is None:
+        body = res.SerializeToString(deterministic=True)
+    wrapped = any_pb2.Any(type_url=f"type.googleapis.com/{res.DESCRIPTOR.full_name}", value=body)
+    if type_url in SITE_SERVICE_TYPES and getattr(res, "version", ""):
+        body = f"{resource_name(res)}\n{res.version}".encode()  # type: ignore[attr-defined]
+    name = resource_name(res)
+    content = hashlib.sha256(body).hexdigest()[:16]
+    share = int.from_bytes(hashlib.sha256(f"{len(name)}:{name}:{content}".encode()).digest(), "big")
+    return (res, wrapped, name, content, share)
+
+
+def _digest(total: int) -> str:
+    """A type's content digest from the sum of its resources' shares (names and content hashes):
+    order-free and additive, so following an edit updates it for what changed."""
+    return (total % _MODULUS).to_bytes(32, "big").hex()
 
 
 def _pack(
@@ -127,38 +170,21 @@ def _pack(
     resources: Iterable[Message],
     bodies: Mapping[int, bytes] | None = None,
     previous: Mapping[int, _Packed] | None = None,
-) -> tuple[tuple[any_pb2.Any, ...], str, dict[str, str], dict[int, _Packed]]:
-    """The resources packed for a response, the digest of their content, each one's content hash by
-    name, and what was packed by object identity (`previous` for the next call).
-
-    One deterministic serialisation feeds all (`bodies`: those the snapshot made, by object identity);
-    an object packed by the previous call is taken as it was (snapshots never change a resource they
-    hold), so 10,000 unchanged scopes cost a look-up each. The digest hashes the names and content
-    hashes. A site service's policy set is identified by its name and its own `version` (the hash of
-    what the service decides on), not by the generation it also carries: the service keeps the set it
-    loaded for a known version anyway (stoa_authz.policy.PolicyStore), so re-sending it for a new
-    generation only costs a reload.
-    """
-    digest = hashlib.sha256()
-    packed = []
-    versions = {}
+) -> tuple[dict[str, _Packed], int, dict[int, _Packed]]:
+    """The resources packed by name, the sum of their shares, and what was packed by object identity
+    (`previous` for the next call): an object packed by the previous call is taken as it was
+    (snapshots never change a resource they hold), so 10,000 unchanged scopes cost a look-up each."""
+    entries: dict[str, _Packed] = {}
     memo: dict[int, _Packed] = {}
+    total = 0
     for res in resources:
         hit = previous.get(id(res)) if previous else None
         if hit is None or hit[0] is not res:
-            body = bodies.get(id(res)) if bodies else None
-            if body is None:
-                body = res.SerializeToString(deterministic=True)
-            wrapped = any_pb2.Any(type_url=f"type.googleapis.com/{res.DESCRIPTOR.full_name}", value=body)
-            if type_url in SITE_SERVICE_TYPES and getattr(res, "version", ""):
-                body = f"{resource_name(res)}\n{res.version}".encode()  # type: ignore[attr-defined]
-            hit = (res, wrapped, resource_name(res), hashlib.sha256(body).hexdigest()[:16])
+            hit = _packed(type_url, res, bodies)
         memo[id(res)] = hit
-        _, wrapped, name, content = hit
-        packed.append(wrapped)
-        versions[name] = content
-        digest.update(f"{len(name)}:{name}:{content}".encode())
-    return tuple(packed), digest.hexdigest(), versions, memo
+        entries[hit[2]] = hit
+        total += hit[4]
+    return entries, total, memo
 
 
 class Streams:
@@ -172,9 +198,11 @@ class Streams:
         self._packed: dict[str, dict[int, _Packed]] = {}
         # Per type, per resource name: (content hash, the version it has been served under since).
         self._lineage: dict[str, dict[str, tuple[str, str]]] = {}
+        self._totals: dict[str, int] = {}  # per type, the sum of the served resources' shares
         self._changed = asyncio.Event()
         self._sids = itertools.count(1)
         self._nonces = itertools.count(1)
+        self._serials = itertools.count(1)
         self._seq = itertools.count(1)
         self.events: deque[AdsEvent] = deque(maxlen=50_000)
         self.nacks: Counter[str] = Counter()  # by type URL, for /metrics (the event log is bounded)
@@ -197,35 +225,77 @@ class Streams:
         version: str,
         resources: tuple[Message, ...],
         bodies: Mapping[int, bytes] | None = None,
+        edit: tuple[tuple[Message, ...], tuple[Message, ...], tuple[Message, ...]] | None = None,
     ) -> str:
         """Serve `resources` as `version` from now on; the digest of their content.
 
         A subscribed stream whose latest push already carries this content (acknowledged or still
         in flight, not refused) is not pushed again: state of the world allows leaving a type
         alone, and a 10,000-route table or a large policy set costs its client a full reload. A
-        client connecting later gets `version`.
+        client connecting later gets `version`. `edit`: (the resources served until now, what left
+        them, what joined them), as the snapshot says (`Snapshot.edits`): then only those are looked
+        at, here and for every delta stream level with what was served.
         """
-        packed, digest, contents, self._packed[type_url] = _pack(
-            type_url, resources, bodies, self._packed.get(type_url)
-        )
-        # A resource's delta version is the version it was first served under with its content, so an
-        # unchanged resource keeps its version (Envoy reports what a state-of-the-world push would
-        # have set) and a client reconnecting with it gets nothing again.
+        previous = self._served.get(type_url)
         lineage = self._lineage.setdefault(type_url, {})
-        for name in set(lineage) - contents.keys():
-            del lineage[name]
-        for name, content in contents.items():
-            if name not in lineage or lineage[name][0] != content:
-                lineage[name] = (content, version)
-        versions = {name: lineage[name][1] for name in contents}
-        self._served[type_url] = Served(version, resources, packed, digest, versions)
+        memo = self._packed.get(type_url)
+        if edit is not None and previous is not None and previous.resources is edit[0] and memo is not None:
+            # Followed in place: the previous Served is not served again once replaced.
+            entries, versions = dict(previous.entries), dict(previous.versions)
+            total = self._totals[type_url]
+            changed: set[str] = set()
+            removed: set[str] = set()
+            for res in edit[1]:
+                hit = memo.pop(id(res), None)
+                if hit is not None and entries.get(hit[2]) is hit:
+                    del entries[hit[2]], versions[hit[2]]
+                    total -= hit[4]
+                    removed.add(hit[2])
+            for res in edit[2]:
+                hit = _packed(type_url, res, bodies)
+                memo[id(res)] = entries[hit[2]] = hit
+                total += hit[4]
+                changed.add(hit[2])
+                removed.discard(hit[2])
+                if hit[2] not in lineage or lineage[hit[2]][0] != hit[3]:
+                    lineage[hit[2]] = (hit[3], version)
+                versions[hit[2]] = lineage[hit[2]][1]
+            for name in removed:
+                lineage.pop(name, None)
+            served = Served(
+                version,
+                resources,
+                entries,
+                _digest(total),
+                versions,
+                next(self._serials),
+                previous.serial,
+                frozenset(changed),
+                frozenset(removed),
+            )
+        else:
+            entries, total, self._packed[type_url] = _pack(type_url, resources, bodies, memo)
+            # A resource's delta version is the version it was first served under with its content,
+            # so an unchanged resource keeps its version (Envoy reports what a state-of-the-world push
+            # would have set) and a client reconnecting with it gets nothing again.
+            for name in set(lineage) - entries.keys():
+                del lineage[name]
+            for name, hit in entries.items():
+                if name not in lineage or lineage[name][0] != hit[3]:
+                    lineage[name] = (hit[3], version)
+            versions = {name: lineage[name][1] for name in entries}
+            served = Served(version, resources, entries, _digest(total), versions, next(self._serials))
+        self._totals[type_url] = total
+        self._served[type_url] = served
         for stream in list(self._streams.values()):
             state = stream.types.get(type_url)
             if type_url in stream.allowed and state is not None and state.subscribed:
-                if state.sent_digest == digest and state.nack_detail is None:
+                if state.sent_digest == served.digest and state.nack_detail is None:
+                    if previous is not None and state.level_with == previous.serial:
+                        state.level_with = served.serial
                     continue
                 self._send(stream, type_url)
-        return digest
+        return served.digest
 
     def _send(self, stream: _Stream, type_url: str) -> None:
         if stream.delta:
@@ -258,13 +328,20 @@ class Streams:
         any) is acknowledged."""
         served = self._served[type_url]
         state = stream.state(type_url)
-        wanted = served.versions.keys() if state.wildcard else served.versions.keys() & state.names
+        if served.since is not None and state.level_with == served.since:
+            # Level with what was served before: only what changed since can differ.
+            names = served.changed if state.wildcard else served.changed & state.names
+            candidates = sorted(names)
+            removed = sorted(n for n in served.removed if n in state.known)
+        else:
+            candidates = list(served.versions if state.wildcard else served.versions.keys() & state.names)
+            removed = sorted(n for n in state.known if n not in served.versions)
         changed = [
-            (any_packed, name)
-            for any_packed, res in zip(served.packed, served.resources, strict=True)
-            if (name := resource_name(res)) in wanted and state.known.get(name) != served.versions[name]
+            (served.entries[name][1], name)
+            for name in candidates
+            if state.known.get(name) != served.versions[name]
         ]
-        removed = sorted(n for n in state.known if n not in served.versions)
+        state.level_with = served.serial
         state.sent_digest, state.sent_version = served.digest, served.version
         if not changed and not removed:
             return
@@ -446,6 +523,7 @@ class Streams:
             # What the client holds is unsure now: the next push sends every resource again
             # (the names are kept, so a resource no longer served is still removed).
             state.known = dict.fromkeys(state.known, "")
+            state.level_with = None
         subscribe = set(request.resource_names_subscribe)
         unsubscribe = set(request.resource_names_unsubscribe)
         first = not state.subscribed
@@ -461,6 +539,7 @@ class Streams:
         for name in unsubscribe:
             state.known.pop(name, None)
         if first or subscribe or unsubscribe:
+            state.level_with = None
             self.record(
                 "subscribe",
                 stream.identity,
