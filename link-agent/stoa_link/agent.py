@@ -111,6 +111,9 @@ class InventoryStore:
             record = data[at + _RECORD_HEADER : at + _RECORD_HEADER + size]
             if len(record) < size or zlib.crc32(record) != crc:
                 self._ignored(self.changes_path, f"a record cut short at byte {at}")
+                # Cut off, so the next record is appended after the last whole one and is read back.
+                os.truncate(self.changes_path, at)
+                self._changes_bytes = at
                 break
             at += _RECORD_HEADER + size
             delta = inventory_pb2.InventoryDelta.FromString(record)
@@ -151,7 +154,9 @@ class InventoryStore:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
-        # After the rename: a crash in between leaves records the new inventory already holds.
+        # The rename made durable before the records go: a crash in between leaves records the new
+        # inventory already holds (skipped at load), never the old inventory without its records.
+        self._sync_dir()
         self.changes_path.unlink(missing_ok=True)
         self.legacy_path.unlink(missing_ok=True)
         self._sync_dir()

@@ -403,3 +403,18 @@ def test_a_change_record_cut_short_is_ignored_and_the_rest_is_read_back(tmp_path
     store.save(two)
     assert not path.exists()
     assert InventoryStore(tmp_path).load() == two
+
+
+def test_a_change_recorded_after_a_cut_record_is_read_back_by_the_next_restart(tmp_path: Path) -> None:
+    one, two, three = inventory(1, "a"), inventory(2, "a", "b"), inventory(3, "a", "b", "c")
+    first = InventoryStore(tmp_path)
+    first.save(one)
+    first.append(diff(one, two))
+    first.append(diff(two, three))
+    path = tmp_path / "last-applied-inventory.changes"
+    path.write_bytes(path.read_bytes()[:-3])  # a crash while the second record was written
+    restarted = InventoryStore(tmp_path)
+    assert restarted.load() == Elements.of(two).inventory()
+    # The restarted Link applies generation 3 again and records it: a second restart reads it back.
+    restarted.append(diff(two, three))
+    assert InventoryStore(tmp_path).load() == Elements.of(three).inventory()
