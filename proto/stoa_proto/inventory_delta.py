@@ -17,7 +17,7 @@ from google.protobuf.message import Message
 
 from stoa_proto import inventory_pb2
 
-_MODULUS = 1 << 256
+MODULUS = 1 << 256
 
 # Each list of the inventory: its kind tag (in the digest) and the key of an element.
 IssuerKey = tuple[str, str]
@@ -38,9 +38,15 @@ def key_of(name: str, element: Message) -> object:
     return _KEYS[name](element)
 
 
+def tagged_digest(tag: str, body: bytes) -> int:
+    """One element's share of an additive content hash (summed modulo MODULUS): SHA-256 of its tag
+    (list name or resource type) and its bytes."""
+    return int.from_bytes(hashlib.sha256(tag.encode() + b"\0" + body).digest(), "big")
+
+
 def element_digest(name: str, element: Message | str) -> int:
     body = element.encode() if isinstance(element, str) else element.SerializeToString(deterministic=True)
-    return int.from_bytes(hashlib.sha256(name.encode() + b"\0" + body).digest(), "big")
+    return tagged_digest(name, body)
 
 
 def combine(schema_version: int, gateway_id: str, generation: int, total: int) -> str:
@@ -51,7 +57,7 @@ def combine(schema_version: int, gateway_id: str, generation: int, total: int) -
 
 def inventory_hash(inventory: inventory_pb2.Inventory) -> str:
     """The content hash of `inventory` (computed whole; see `Elements` to keep it up to date)."""
-    total = sum(element_digest(name, e) for name in LISTS for e in getattr(inventory, name)) % _MODULUS
+    total = sum(element_digest(name, e) for name in LISTS for e in getattr(inventory, name)) % MODULUS
     return combine(inventory.schema_version, inventory.gateway_id, inventory.generation, total)
 
 
@@ -94,13 +100,13 @@ class Elements:
         self.remove(name, key_of(name, element))
         digest = element_digest(name, element)
         self.lists[name][key_of(name, element)] = (element, digest)
-        self.total = (self.total + digest) % _MODULUS
+        self.total = (self.total + digest) % MODULUS
 
     def remove(self, name: str, key: object) -> bool:
         held = self.lists[name].pop(key, None)
         if held is None:
             return False
-        self.total = (self.total - held[1]) % _MODULUS
+        self.total = (self.total - held[1]) % MODULUS
         return True
 
     def get(self, name: str, key: object) -> Message | None:

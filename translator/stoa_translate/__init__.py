@@ -97,6 +97,7 @@ class Translator:
             if snapshot is not None and kept is not None:
                 # The full translation's site is behind now: only `kept` follows the changes.
                 self._kept, self._latest, self._full = kept, snapshot, None
+                self.unkeyed = tuple(sorted(kept.unkeyed)) if self.options.route_scopes else ()
                 return snapshot
         return self.translate(state.inventory())
 

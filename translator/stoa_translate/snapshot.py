@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
 from google.protobuf.message import Message
+from stoa_proto.inventory_delta import MODULUS, tagged_digest
 
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
@@ -35,19 +36,16 @@ def resource_name(resource: Message) -> str:
     return str(resource.name)  # type: ignore[attr-defined]
 
 
-_MODULUS = 1 << 256
-
-
 def resource_digest(type_url: str, body: bytes) -> int:
-    """One resource's share of the version: the SHA-256 of its type and deterministic serialisation
-    (its name is part of it)."""
-    return int.from_bytes(hashlib.sha256(type_url.encode() + b"\0" + body).digest(), "big")
+    """One resource's share of the version, from its type and deterministic serialisation (its name
+    is part of it)."""
+    return tagged_digest(type_url, body)
 
 
 def _version(total: int) -> str:
     """The snapshot version from the sum of its resources' digests: order-free and additive (like the
     inventory's hash), so a snapshot that changes a few of 10,000 resources updates it for those."""
-    return hashlib.sha256((total % _MODULUS).to_bytes(32, "big")).hexdigest()[:16]
+    return hashlib.sha256((total % MODULUS).to_bytes(32, "big")).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

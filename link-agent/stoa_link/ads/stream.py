@@ -25,6 +25,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
+from stoa_proto.inventory_delta import MODULUS, tagged_digest
 from stoa_translate.snapshot import (
     CLUSTER,
     LISTENER,
@@ -138,7 +139,6 @@ class Progress:
 # One resource as packed: (the object, its Any, its name, the hash of its content, its share of the
 # type's digest).
 _Packed = tuple[Message, any_pb2.Any, str, str, int]
-_MODULUS = 1 << 256
 
 
 def _packed(type_url: str, res: Message, bodies: Mapping[int, bytes] | None) -> _Packed:
@@ -155,14 +155,14 @@ def _packed(type_url: str, res: Message, bodies: Mapping[int, bytes] | None) -> 
         body = f"{resource_name(res)}\n{res.version}".encode()  # type: ignore[attr-defined]
     name = resource_name(res)
     content = hashlib.sha256(body).hexdigest()[:16]
-    share = int.from_bytes(hashlib.sha256(f"{len(name)}:{name}:{content}".encode()).digest(), "big")
+    share = tagged_digest(name, content.encode())
     return (res, wrapped, name, content, share)
 
 
 def _digest(total: int) -> str:
     """A type's content digest from the sum of its resources' shares (names and content hashes):
     order-free and additive, so following an edit updates it for what changed."""
-    return (total % _MODULUS).to_bytes(32, "big").hex()
+    return (total % MODULUS).to_bytes(32, "big").hex()
 
 
 def _pack(
