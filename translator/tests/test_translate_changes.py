@@ -44,9 +44,10 @@ def changed(translator: Translator, old: inventory_pb2.Inventory, new: inventory
     return translator.translate_change(state, diff(old, new), base_is_latest=True)
 
 
+@pytest.mark.parametrize("seed", [7, 11, 23])
 @pytest.mark.parametrize("options", OPTIONS, ids=["scoped", "one-table", "scoped-native"])
-def test_random_route_changes_give_the_full_translation(options: TranslateOptions) -> None:
-    rng = random.Random(7)
+def test_random_route_changes_give_the_full_translation(options: TranslateOptions, seed: int) -> None:
+    rng = random.Random(seed)
     routes = {n: route(n, upstream=n % 3, auth=("jwt" if n % 4 == 0 else "none")) for n in range(40)}
     old = inventory(1, list(routes.values()))
     translator = Translator(options)
@@ -54,13 +55,15 @@ def test_random_route_changes_give_the_full_translation(options: TranslateOption
     issued = 40
     for generation in range(2, 40):
         for _ in range(rng.randint(1, 3)):
-            action = rng.choice(["edit", "move", "add", "remove", "upstream"])
+            action = rng.choice(["edit", "move", "add", "remove", "upstream", "unkeyed"])
             n = rng.choice(sorted(routes))
             if action == "edit":
                 routes[n] = route(n, upstream=routes[n].upstream_url.count("2"), auth=routes[n].auth_mode)
                 routes[n].methods.append("POST")
             elif action == "move":
                 routes[n] = route(n, prefix=f"/apis/moved-{generation}-{n}", auth=routes[n].auth_mode)
+            elif action == "unkeyed":  # a prefix of one segment: no scope key (one route table)
+                routes[n] = route(n, prefix=f"/flat-{generation}-{n}", auth=routes[n].auth_mode)
             elif action == "upstream":
                 routes[n] = route(n, upstream=rng.randint(0, 5), auth=routes[n].auth_mode)
             elif action == "add":
@@ -75,7 +78,9 @@ def test_random_route_changes_give_the_full_translation(options: TranslateOption
         ]
         new = inventory(generation, sorted(routes.values(), key=lambda r: r.route_id), tombstones=tombstones)
         got = changed(translator, old, new)
-        assert got == translate(new, options), f"generation {generation}"
+        whole = Translator(options)
+        assert got == whole.translate(new), f"generation {generation}"
+        assert translator.unkeyed == whole.unkeyed, f"generation {generation}"
         old = new
 
 
