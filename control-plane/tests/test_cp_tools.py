@@ -171,9 +171,12 @@ async def test_tools_crud_and_the_inventory(api):
             path_template="/o",
         )
     assert taken.value.status_code == 409
+    assert taken.value.fields == ["name"]
     with pytest.raises(CPError) as in_use:
         await api.delete_api(backing, tenant_id=tenant_id)
     assert in_use.value.status_code == 409
+    assert in_use.value.fields == ["api_id"]
+    assert "get_order" in in_use.value.problem["detail"]
     await api.delete_tool("get_order", tenant_id=tenant_id)
     assert (await api.inventory(gateway_id, credential=credential))["tools"] == []
 
@@ -196,6 +199,7 @@ async def test_tools_of_another_tenant_do_not_exist(api, cp, idp):
         with pytest.raises(CPError) as hidden:
             await theirs.tools(tenant_id)
         assert hidden.value.status_code == 404
+        assert hidden.value.fields == ["tenant_id"]
         with pytest.raises(CPError) as not_theirs:
             await theirs.create_tool(
                 "t2",
