@@ -291,6 +291,7 @@ async def test_a_tenant_admin_manages_its_own_tenant(cp, idp, world) -> None:
             "POST", f"/v1/tenants/{world.a}/apis", json=api_body(f"{world.a}-new", name="Y")
         )
         assert clash.status_code == 409  # its own object: a plain conflict
+        assert fields(clash) == ["api_id"]
         entries = (await client.answer("GET", "/v1/audit")).json()
     assert all(e["tenant_id"] == world.a or e["actor_tenant"] == world.a for e in entries)
     deploy = next(
@@ -308,6 +309,7 @@ async def test_viewers_read_only_and_within_their_tenant(cp, idp, world) -> None
         assert (await client.answer("GET", f"/v1/tenants/{world.b}/apis")).status_code == 404
         refused = await client.answer("DELETE", f"/v1/tenants/{world.a}/apis/{world.a_api}")
         assert refused.status_code == 403
+        assert fields(refused) == ["authorization"]
         assert (await client.answer("GET", "/v1/audit")).status_code == 403
     async with cp.client(idp.role_token("viewer")) as client:
         other = await client.answer("GET", f"/v1/tenants/{world.b}/apis")

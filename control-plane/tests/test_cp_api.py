@@ -288,6 +288,7 @@ async def test_gateway_credential_is_shown_once_and_checked(api, cp) -> None:
             "GET", "/v1/gateways/nope/config", headers={"authorization": f"Bearer {credential}"}
         )
         assert response.status_code == 403
+        assert problem_fields(response) == ["authorization"]
     status = (await api.answer("GET", f"/v1/gateways/{gateway_id}/status")).json()
     assert status["last_report"] is None
     assert status["state"] == "PENDING"

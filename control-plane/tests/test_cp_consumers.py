@@ -67,6 +67,7 @@ async def test_key_shown_once_stored_as_digest_and_delivered_as_digest(api, esta
     with pytest.raises(CPError) as again:
         await api.revoke_key("acme", created["key_id"], tenant_id=tenant)
     assert again.value.status_code == 404
+    assert again.value.fields == ["key_id"]
     # A deleted consumer's keys stay revoked.
     other = await api.create_key("acme", tenant_id=tenant)
     await api.delete_consumer("acme", tenant_id=tenant)
@@ -116,6 +117,7 @@ async def test_plans_and_subscriptions(api, estate) -> None:
     with pytest.raises(CPError) as twice:
         await api.subscribe("s2", tenant_id=tenant, consumer_id="c1", api_id=estate["api"], plan_id="gold")
     assert twice.value.status_code == 409
+    assert twice.value.fields == ["api_id"]  # a consumer subscribes once to an API
     with pytest.raises(CPError) as unknown:
         await api.subscribe(
             "s3", tenant_id=tenant, consumer_id="nobody", api_id=estate["api"], plan_id="gold"

@@ -53,6 +53,7 @@ async def test_deploy_undeploy_redeploy_generations_and_tombstones(api) -> None:
     assert inv["tombstones"] == [{"route_id": api_id, "generation": "3"}]
     missing = await api.answer("DELETE", f"/v1/gateways/{gateway_id}/deployments/{api_id}")
     assert missing.status_code == 404
+    assert [e["field"] for e in missing.json()["errors"]] == ["api_id"]
     assert await api.generation(gateway_id) == 3
 
     assert await api.deploy(api_id, gateway_id) == 4

@@ -46,6 +46,18 @@ async def signing_cp(cp_factory, idp, key_dir):
     )
 
 
+def tool_fields(api_id: str, **fields) -> dict:
+    """A tool's fields on `api_id` (a GET of one order unless `fields` say otherwise)."""
+    return {
+        "description": "d",
+        "input_schema": SCHEMA,
+        "api_id": api_id,
+        "method": "GET",
+        "path_template": "/o/{id}",
+        **fields,
+    }
+
+
 async def _setup(client, tenant_id: str) -> str:
     await client.create_tenant(tenant_id)
     api_id = f"orders-{uuid.uuid4().hex[:6]}"
@@ -162,18 +174,15 @@ async def test_tools_crud_and_the_inventory(api):
     assert renamed.value.fields == ["name"]
     with pytest.raises(CPError) as taken:
         await api.create_tool(
-            "get_order",
-            tenant_id=tenant_id,
-            description="x",
-            input_schema=SCHEMA,
-            api_id=backing,
-            method="GET",
-            path_template="/o",
+            "get_order", tenant_id=tenant_id, **tool_fields(backing, description="x", path_template="/o")
         )
     assert taken.value.status_code == 409
+    assert taken.value.fields == ["name"]
     with pytest.raises(CPError) as in_use:
         await api.delete_api(backing, tenant_id=tenant_id)
     assert in_use.value.status_code == 409
+    assert in_use.value.fields == ["api_id"]
+    assert "get_order" in in_use.value.problem["detail"]
     await api.delete_tool("get_order", tenant_id=tenant_id)
     assert (await api.inventory(gateway_id, credential=credential))["tools"] == []
 
@@ -182,30 +191,15 @@ async def test_tools_of_another_tenant_do_not_exist(api, cp, idp):
     tenant_id = await api.new_tenant()
     other = await api.new_tenant()
     backing = await api.new_api(tenant_id)
-    await api.create_tool(
-        "t1",
-        tenant_id=tenant_id,
-        description="d",
-        input_schema=SCHEMA,
-        api_id=backing,
-        method="GET",
-        path_template="/o/{id}",
-    )
+    await api.create_tool("t1", tenant_id=tenant_id, **tool_fields(backing))
     token = idp.role_token("tenant_admin", tenant=other)
     async with cp.client(token) as theirs:
         with pytest.raises(CPError) as hidden:
             await theirs.tools(tenant_id)
         assert hidden.value.status_code == 404
+        assert hidden.value.fields == ["tenant_id"]
         with pytest.raises(CPError) as not_theirs:
-            await theirs.create_tool(
-                "t2",
-                tenant_id=other,
-                description="d",
-                input_schema=SCHEMA,
-                api_id=backing,
-                method="GET",
-                path_template="/o/{id}",
-            )
+            await theirs.create_tool("t2", tenant_id=other, **tool_fields(backing))
         assert not_theirs.value.status_code == 404
         assert not_theirs.value.fields == ["api_id"]
 
@@ -218,15 +212,7 @@ async def test_grants_revocations_sign_permissions_without_a_generation(signing_
         credential = (await client.create_gateway(gateway_id))["credential"]
         mcp_api = f"mcp-{uuid.uuid4().hex[:6]}"
         await client.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{mcp_api}")
-        await client.create_tool(
-            "get_order",
-            tenant_id=tenant_id,
-            description="d",
-            input_schema=SCHEMA,
-            api_id=backing,
-            method="GET",
-            path_template="/o/{id}",
-        )
+        await client.create_tool("get_order", tenant_id=tenant_id, **tool_fields(backing))
         await client.deploy(mcp_api, gateway_id)
         seen: list[dict] = []
         async with signing_cp.client(credential) as link:
@@ -315,11 +301,7 @@ async def test_an_api_change_that_would_leave_a_tool_unfit_is_refused(api):
     await api.create_tool(
         "get_order",
         tenant_id=tenant_id,
-        description="Get an order",
-        input_schema=SCHEMA,
-        api_id=backing,
-        method="GET",
-        path_template="/orders/{id}",
+        **tool_fields(backing, description="Get an order", path_template="/orders/{id}"),
     )
     stored = await api.get_api(backing, tenant_id=tenant_id)
     body = {k: stored[k] for k in ("name", "upstream_url", "path_prefix", "auth")}

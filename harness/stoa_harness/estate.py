@@ -96,18 +96,23 @@ class Estate(Lifecycle):
         return f"http://127.0.0.1:{self.cp_port}"
 
     @property
-    def _site(self) -> Site:
+    def started_site(self) -> Site:
+        """The site of a started estate (its services' logs and events)."""
         assert self.site is not None, "estate not started"
         return self.site
 
+    def last_authz_reason(self) -> str:
+        """The reason of the latest decision stoa-authz logged for a request through Envoy."""
+        return str(self.started_site.authz_decisions()[-1]["reason"])
+
     @property
     def gateway_url(self) -> str:
-        return self._site.gateway_url
+        return self.started_site.gateway_url
 
     @property
     def envoy(self) -> EnvoyProcess:
-        assert self._site.envoy is not None
-        return self._site.envoy
+        assert self.started_site.envoy is not None
+        return self.started_site.envoy
 
     @property
     def envoy_admin_url(self) -> str:
@@ -115,31 +120,31 @@ class Estate(Lifecycle):
 
     @property
     def witness(self) -> CheckWitness:
-        assert self._site.witness is not None, "this estate runs stoa-authz, not the witness"
-        return self._site.witness
+        assert self.started_site.witness is not None, "this estate runs stoa-authz, not the witness"
+        return self.started_site.witness
 
     @property
     def link(self) -> SupervisedProcess:
-        assert self._site.link is not None
-        return self._site.link
+        assert self.started_site.link is not None
+        return self.started_site.link
 
     @property
     def link_http_url(self) -> str:
-        return self._site.link_http_url
+        return self.started_site.link_http_url
 
     @property
     def proc(self) -> SupervisedProcess:
-        assert self._site.proc is not None, "this estate runs no processing service"
-        return self._site.proc
+        assert self.started_site.proc is not None, "this estate runs no processing service"
+        return self.started_site.proc
 
     @property
     def mcp(self) -> SupervisedProcess:
-        assert self._site.mcp is not None, "this estate runs no MCP module"
-        return self._site.mcp
+        assert self.started_site.mcp is not None, "this estate runs no MCP module"
+        return self.started_site.mcp
 
     @property
     def mcp_http_url(self) -> str:
-        return self._site.mcp_http_url
+        return self.started_site.mcp_http_url
 
     def mcp_url(self, path_prefix: str) -> str:
         """The MCP endpoint of an MCP route through the real Envoy."""
@@ -169,7 +174,7 @@ class Estate(Lifecycle):
     def processes(self) -> list[SupervisedProcess]:
         """The subprocesses this estate started and keeps up (PostgreSQL aside): CP, Link, stoa-authz,
         stoa-proc and stoa-mcp when they run, Envoy."""
-        site = self._site
+        site = self.started_site
         candidates = (self.cp, site.link, site.authz, site.proc, site.mcp, site.envoy)
         return [p for p in candidates if p is not None]
 

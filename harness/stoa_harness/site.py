@@ -276,54 +276,36 @@ class Site(Lifecycle):
         if self.authz_kind == "witness":
             self.witness = self._stack.enter_context(CheckWitness())
         self._run_once("certs", [link_cli, "certs", "--out", str(self.tls_dir)])
-        self.link = SupervisedProcess(
-            "link",
-            [link_cli, "run"],
-            log_dir=self.run_dir,
-            env=self.link_env,
-            ready=lambda: tcp_accepting("127.0.0.1", self.ads_port),
-            ready_timeout=self.start_timeout,
+        self.link = self._supervised(
+            "link", [link_cli, "run"], self.link_env, lambda: tcp_accepting("127.0.0.1", self.ads_port)
         )
-        self._stack.callback(self.link.stop)
-        self.link.start()
         if self.mcp_enabled:
-            self.mcp = SupervisedProcess(
+            # Its imports are slow on a loaded machine: it starts alongside the others, and is
+            # waited for once Envoy is up.
+            self.mcp = self._supervised(
                 "mcp",
                 [console_script("stoa-mcp")],
-                log_dir=self.run_dir,
-                env=self.mcp_env,
-                ready=lambda: (
+                self.mcp_env,
+                lambda: (
                     tcp_accepting("127.0.0.1", self.mcp_http_port)
                     and tcp_accepting("127.0.0.1", self.mcp_port)
                 ),
-                ready_timeout=self.start_timeout,
+                wait_ready=False,
             )
-            self._stack.callback(self.mcp.stop)
-            # Its imports are slow on a loaded machine: it starts alongside the others, and is
-            # waited for once Envoy is up.
-            self.mcp.start(wait_ready=False)
         if self.authz_kind == "service":
-            self.authz = SupervisedProcess(
+            self.authz = self._supervised(
                 "authz",
                 [console_script("stoa-authz")],
-                log_dir=self.run_dir,
-                env=self.authz_env,
-                ready=lambda: http_ok(f"{self.authz_http_url}/health/live"),
-                ready_timeout=self.start_timeout,
+                self.authz_env,
+                lambda: http_ok(f"{self.authz_http_url}/health/live"),
             )
-            self._stack.callback(self.authz.stop)
-            self.authz.start()
         if self.proc_enabled:
-            self.proc = SupervisedProcess(
+            self.proc = self._supervised(
                 "proc",
                 [console_script("stoa-proc")],
-                log_dir=self.run_dir,
-                env=self.proc_env,
-                ready=lambda: http_ok(f"{self.proc_http_url}/health/live"),
-                ready_timeout=self.start_timeout,
+                self.proc_env,
+                lambda: http_ok(f"{self.proc_http_url}/health/live"),
             )
-            self._stack.callback(self.proc.stop)
-            self.proc.start()
         bootstrap = self.run_dir / "envoy-bootstrap.yaml"
         self._run_once("bootstrap", [link_cli, "bootstrap", "--out", str(bootstrap)])
         self.envoy = EnvoyProcess(bootstrap, self.envoy_admin_port, self.run_dir / "envoy.log")
@@ -344,6 +326,24 @@ class Site(Lifecycle):
             proc.stop()  # only does something when the wait timed out: nothing is left running
         if code != 0:
             raise RuntimeError(f"stoa-link {name} failed ({code})\n{proc.log_tail()}")
+
+    def _supervised(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        ready: Callable[[], bool],
+        *,
+        wait_ready: bool = True,
+    ) -> SupervisedProcess:
+        """A service of the site, started (and waited for unless `wait_ready` is False), stopped with
+        the site."""
+        process = SupervisedProcess(
+            name, argv, log_dir=self.run_dir, env=env, ready=ready, ready_timeout=self.start_timeout
+        )
+        self._stack.callback(process.stop)
+        process.start(wait_ready=wait_ready)
+        return process
 
     def stop(self) -> None:
         self._stack.close()

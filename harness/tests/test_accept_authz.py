@@ -15,7 +15,6 @@ from joserfc.jwk import import_key
 from stoa_harness import raw_http
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
-from stoa_harness.site import Site
 from stoa_harness.upstream import Arrival
 from stoa_harness.wait import wait_until
 from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES
@@ -64,13 +63,8 @@ def estate(idp: DevIdentityProvider, estates: Callable[..., Estate]) -> Estate:
             auth={"mode": "jwt", "scopes": ["orders:read"]},
         )
     )
-    authz_site(running).wait_authz_ready()
+    running.started_site.wait_authz_ready()
     return running
-
-
-def authz_site(estate: Estate) -> Site:
-    assert estate.site is not None
-    return estate.site
 
 
 def get(
@@ -118,15 +112,10 @@ def test_bad_tokens_are_401(estate: Estate, idp: DevIdentityProvider, kind: str)
     assert estate.upstream.arrivals() == []
 
 
-def last_reason(estate: Estate) -> str:
-    """The reason of the latest decision stoa-authz logged for a request through Envoy."""
-    return str(authz_site(estate).authz_decisions()[-1]["reason"])
-
-
 def identity_claims(estate: Estate, arrival: Arrival) -> dict[str, Any]:
     """The claims of the identity envelope the upstream received, its signature checked with the
     service's published key."""
-    jwks = httpx.get(f"{authz_site(estate).authz_http_url}/.well-known/jwks.json").json()
+    jwks = httpx.get(f"{estate.started_site.authz_http_url}/.well-known/jwks.json").json()
     envelope = jws.deserialize_compact(
         arrival.header("x-stoa-identity"), import_key(jwks["keys"][0]), algorithms=["EdDSA"]
     )
@@ -149,7 +138,7 @@ def test_other_tenant_and_missing_scope_are_403(
     assert reply.headers["www-authenticate"] == 'Bearer error="insufficient_scope"'
     assert reply.content == DENY_BODIES[403]
     assert estate.upstream.arrivals() == []
-    assert last_reason(estate) == reason
+    assert estate.last_authz_reason() == reason
 
 
 def test_scp_list_is_accepted(estate: Estate, idp: DevIdentityProvider) -> None:
@@ -163,7 +152,7 @@ def test_scp_list_is_accepted(estate: Estate, idp: DevIdentityProvider) -> None:
     # The list is what was read: the same list without the route's scope is refused.
     refused = get(estate, idp.mint(tenant="demo", scope=None, scp=["orders:write"]))
     assert refused.status_code == 403
-    assert last_reason(estate) == "insufficient_scope"
+    assert estate.last_authz_reason() == "insufficient_scope"
     assert len(estate.upstream.arrivals()) == 1
 
 
@@ -231,7 +220,7 @@ def test_duplicate_authorization_is_400(estate: Estate, idp: DevIdentityProvider
     assert reply.status_code == 400
     assert reply.content == DENY_BODIES[400]
     assert estate.upstream.arrivals() == []
-    assert last_reason(estate) == "malformed_request"
+    assert estate.last_authz_reason() == "malformed_request"
     # The same token once is allowed: the duplicate is what was refused.
     assert get(estate, token).status_code == 200
 
@@ -239,7 +228,7 @@ def test_duplicate_authorization_is_400(estate: Estate, idp: DevIdentityProvider
 def test_decision_log_has_one_event_per_request_and_no_secrets(
     estate: Estate, idp: DevIdentityProvider
 ) -> None:
-    decisions = authz_site(estate).authz_decisions
+    decisions = estate.started_site.authz_decisions
 
     before = len(decisions())
     estate.upstream.clear()

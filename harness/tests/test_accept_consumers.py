@@ -21,7 +21,6 @@ from joserfc.jwk import import_key
 from stoa_harness.cp_client import CPError
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
-from stoa_harness.site import Site
 from stoa_harness.upstream import Arrival
 from stoa_harness.wait import wait_until
 from stoa_proto.bodies import DENY_BODIES
@@ -97,13 +96,8 @@ def estate(idp: DevIdentityProvider, estates: Callable[..., Estate]) -> Estate:
         targets=["ruled", "ruled-jwt"],
     )
     admin.wait_synced()
-    site(running).wait_authz_ready()
+    running.started_site.wait_authz_ready()
     return running
-
-
-def site(estate: Estate) -> Site:
-    assert estate.site is not None
-    return estate.site
 
 
 def new_key(estate: Estate, consumer: str = "acme") -> dict[str, Any]:
@@ -118,12 +112,8 @@ def get(
     return estate.gateway.get(estate.url(path) + query, headers=list(headers))
 
 
-def last_reason(estate: Estate) -> str:
-    return str(site(estate).authz_decisions()[-1]["reason"])
-
-
 def envelope(estate: Estate, arrival: Arrival) -> dict[str, Any]:
-    jwks = httpx.get(f"{site(estate).authz_http_url}/.well-known/jwks.json").json()
+    jwks = httpx.get(f"{estate.started_site.authz_http_url}/.well-known/jwks.json").json()
     token = jws.deserialize_compact(
         arrival.header("x-stoa-identity"), import_key(jwks["keys"][0]), algorithms=["EdDSA"]
     )
@@ -151,7 +141,7 @@ def test_key_allows_with_consumer_identity_and_never_reaches_upstream(estate: Es
     assert key not in json.dumps(dict(arrival.headers))
     claims = envelope(estate, arrival)
     assert (claims["consumer"], claims["subscription"], claims["tenant"]) == ("acme", "acme-catalog", TENANT)
-    assert last_reason(estate) == "allowed"
+    assert estate.last_authz_reason() == "allowed"
 
 
 @pytest.mark.parametrize(
@@ -173,7 +163,7 @@ def test_missing_or_unknown_key_is_401_without_challenge(
     assert "www-authenticate" not in reply.headers
     assert reply.content == DENY_BODIES[401]
     assert estate.upstream.arrivals() == []
-    assert last_reason(estate) == "invalid_key"
+    assert estate.last_authz_reason() == "invalid_key"
 
 
 def test_key_without_subscription_is_403(estate: Estate) -> None:
@@ -183,7 +173,7 @@ def test_key_without_subscription_is_403(estate: Estate) -> None:
     assert reply.status_code == 403
     assert reply.content == DENY_BODIES[403]
     assert estate.upstream.arrivals() == []
-    assert last_reason(estate) == "no_subscription"
+    assert estate.last_authz_reason() == "no_subscription"
 
 
 def test_revoked_key_stops_within_bound_and_is_never_logged(estate: Estate) -> None:
@@ -195,7 +185,7 @@ def test_revoked_key_stops_within_bound_and_is_never_logged(estate: Estate) -> N
     print(f"revocation propagation: {took * 1000:.0f} ms")
     estate.admin.wait_synced()
     assert ask().status_code == 401
-    assert last_reason(estate) == "invalid_key"
+    assert estate.last_authz_reason() == "invalid_key"
     for path in estate.run_dir.rglob("*.log"):
         assert created["key"] not in path.read_text(errors="replace"), path
 
@@ -207,7 +197,7 @@ def test_suspended_subscription_is_403_within_bound_and_back_when_active(estate:
     estate.admin.set_subscription_state("acme-catalog", "suspended", tenant_id=TENANT)
     try:
         first_refusal(estate, ask, 403)
-        assert last_reason(estate) == "no_subscription"
+        assert estate.last_authz_reason() == "no_subscription"
     finally:
         estate.admin.set_subscription_state("acme-catalog", "active", tenant_id=TENANT)
     first_refusal(estate, ask, 200)
@@ -228,7 +218,7 @@ def test_token_consumer_needs_an_active_subscription(estate: Estate, idp: DevIde
     ):
         refused = get(estate, SUBSCRIBED, [("authorization", f"Bearer {token}")])
         assert refused.status_code == 403
-        assert last_reason(estate) == "no_subscription"
+        assert estate.last_authz_reason() == "no_subscription"
     assert len(estate.upstream.arrivals()) == 1
 
 
@@ -273,7 +263,7 @@ def failed_on(estate: Estate, generation: int) -> dict[str, Any]:
 
 
 def revocations_kept(estate: Estate) -> int:
-    return len(site(estate).link_events("revocations_kept"))
+    return len(estate.started_site.link_events("revocations_kept"))
 
 
 def test_revocation_in_a_nacked_generation_still_applies(estate: Estate) -> None:
@@ -290,7 +280,7 @@ def test_revocation_in_a_nacked_generation_still_applies(estate: Estate) -> None
         # The service keeps the revocation of the set it refused, and the Link serves the set in force
         # again with it (so a restarted service gets it too): refused all the same.
         first_refusal(estate, ask, 401)
-        assert last_reason(estate) == "invalid_key"
+        assert estate.last_authz_reason() == "invalid_key"
         wait_until(lambda: revocations_kept(estate) > kept_before, 10, "the Link to keep the revocation")
         assert estate.admin.status()["last_report"]["generation"] == generation  # still FAILED there
     finally:
@@ -314,7 +304,7 @@ def test_revocation_in_a_generation_the_link_refuses_still_applies(estate: Estat
         assert "does not compile" in failed_on(estate, generation)["detail"]
         took = first_refusal(estate, ask, 401)
         print(f"revocation propagation past a refused generation: {took * 1000:.0f} ms")
-        assert last_reason(estate) == "invalid_key"
+        assert estate.last_authz_reason() == "invalid_key"
     finally:
         estate.admin.delete_policy("broken-opa", tenant_id=TENANT)
         estate.admin.wait_synced()
@@ -339,7 +329,7 @@ def test_opa_policy_allows_only_on_true(estate: Estate, mode: str, status: int) 
     assert reply.status_code == status, reply.text
     if status == 403:
         assert reply.content == DENY_BODIES[403]
-        assert last_reason(estate) == "policy_denied"
+        assert estate.last_authz_reason() == "policy_denied"
         assert estate.upstream.arrivals() == []
     else:
         [arrival] = estate.upstream.arrivals()
@@ -357,7 +347,7 @@ def test_opa_policy_sees_a_tokens_identity_and_consumer(estate: Estate, idp: Dev
     idle = idp.mint(tenant=TENANT, azp="idle-app", sub="alice", scope="b:write a:read")
     refused = get(estate, "/apis/ruled-jwt/x", [("authorization", f"Bearer {idle}")], "?mode=token")
     assert refused.status_code == 403
-    assert last_reason(estate) == "policy_denied"
+    assert estate.last_authz_reason() == "policy_denied"
     assert len(estate.upstream.arrivals()) == 1
 
 

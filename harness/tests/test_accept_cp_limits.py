@@ -46,14 +46,15 @@ def test_over_limit_writes_are_refused_naming_the_limit_and_the_gateway_keeps_it
 
     four = [ORIGIN, NEW_ORIGIN, "https://b.example.com", "https://c.example.com"]
     policy_path = f"/v1/tenants/{TENANT}/policies/lim-cors"
-    over = admin.http.put(
-        policy_path, json={"type": "cors", "scope": "tenant", "config": {"allowedOrigins": four}}
+    over = admin.answer(
+        "PUT", policy_path, json={"type": "cors", "scope": "tenant", "config": {"allowedOrigins": four}}
     )
     assert over.status_code == 422, over.text
     assert [e["field"] for e in over.json()["errors"]] == ["config.allowedOrigins"]
     assert "policy_max_origins" in message(over)
 
-    big = admin.http.put(
+    big = admin.answer(
+        "PUT",
         policy_path,
         content=b'{"pad": "' + b"x" * 70_000 + b'"}',
         headers={"content-type": "application/json"},

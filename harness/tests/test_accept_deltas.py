@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from stoa_harness.metrics import scrape
 from stoa_harness.scripted_cp import ScriptedCP, add_open_route
 from stoa_harness.site import Site
 from stoa_harness.upstream import EchoUpstream
@@ -53,12 +54,7 @@ class DeltaSite:
         return response.json()  # type: ignore[no-any-return]
 
     def metric(self, name: str) -> dict[str, float]:
-        text = httpx.get(f"{self.site.link_http_url}/metrics", timeout=10).text
-        return {
-            line.partition(" ")[0]: float(line.rpartition(" ")[2])
-            for line in text.splitlines()
-            if line.startswith(name)
-        }
+        return {k: v for k, v in scrape(self.site.link_http_url).items() if k.partition("{")[0] == name}
 
 
 @pytest.fixture(scope="module")

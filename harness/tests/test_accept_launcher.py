@@ -270,13 +270,9 @@ def test_the_console_is_printed_served_and_the_demo_tenant_admin_signs_in(launch
         },
         timeout=5,
     ).json()["access_token"]
-    apis = httpx.get(
-        f"{state['cp_url']}/v1/tenants/{state['demo_tenant']}/apis",
-        headers={"authorization": f"Bearer {token}"},
-        timeout=5,
-    )
-    assert apis.status_code == 200, apis.text
-    assert "echo" in [api["api_id"] for api in apis.json()]
+    with CPClient(state["cp_url"], token, timeout=5) as signed_in:
+        apis = signed_in.apis(state["demo_tenant"])
+    assert "echo" in [api["api_id"] for api in apis]
 
 
 def test_quick_stop_signals_stop_the_launcher_and_every_process_it_started(launcher: Launcher) -> None:

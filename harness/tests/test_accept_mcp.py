@@ -28,6 +28,7 @@ from mcp.shared.exceptions import MCPError
 from stoa_cp.permissions import Signer
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
+from stoa_harness.metrics import scrape
 from stoa_harness.wait import wait_until
 
 AUDIENCE = "stoa-mcp-accept"
@@ -133,23 +134,13 @@ def readiness(estate: Estate) -> tuple[int, dict[str, Any]]:
 
 
 def held_seq(estate: Estate) -> int:
-    return int(_metric(estate, "stoa_mcp_permissions_seq"))
-
-
-def _metric(estate: Estate, name: str) -> float:
-    text = httpx.get(f"{estate.mcp_http_url}/metrics", timeout=2).text
-    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name)]
-    return sum(values)
+    return int(scrape(estate.mcp_http_url, timeout=2)["stoa_mcp_permissions_seq"])
 
 
 def refusals(estate: Estate, reason: str) -> int:
-    text = httpx.get(f"{estate.mcp_http_url}/metrics", timeout=2).text
-    prefix = 'stoa_mcp_permissions_refused_total{reason="'
-    return sum(
-        int(float(line.split()[-1]))
-        for line in text.splitlines()
-        if line.startswith(prefix) and line[len(prefix) :].startswith(reason)
-    )
+    """Refusals whose reason starts with `reason` (the label holds the reason's first 120 characters)."""
+    prefix = f'stoa_mcp_permissions_refused_total{{reason="{reason}'
+    return int(sum(v for k, v in scrape(estate.mcp_http_url, timeout=2).items() if k.startswith(prefix)))
 
 
 def with_client(

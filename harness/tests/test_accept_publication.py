@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stoa_harness.cp_client import Call, CPClient, CPError
 from stoa_harness.envoy import EnvoyProcess
 from stoa_harness.estate import Estate
+from stoa_harness.metrics import scrape, total
 from stoa_harness.scripted_cp import ScriptedCP, add_open_route
 from stoa_harness.site import Site
 from stoa_harness.upstream import EchoUpstream
@@ -49,16 +50,10 @@ def test_once_synced_the_link_is_ready_and_reports_the_desired_generation_applie
     status = estate.admin.wait_synced(generation)
 
     ready = httpx.get(f"{estate.link_http_url}/health/ready", timeout=10)
-    scraped = httpx.get(f"{estate.link_http_url}/metrics", timeout=10)
+    values = scrape(estate.link_http_url)
 
     assert ready.status_code == 200, ready.text
     assert ready.json()["generation"] == int(status["desired_generation"])
-    assert scraped.status_code == 200
-    values = {
-        name: float(value)
-        for name, _, value in (line.partition(" ") for line in scraped.text.splitlines())
-        if name and not name.startswith("#")
-    }
     assert values["stoa_link_applied_generation"] == int(status["desired_generation"])
     assert values["stoa_link_desired_generation_seen"] == int(status["desired_generation"])
     assert values["stoa_link_cp_connected"] == 1
@@ -202,8 +197,7 @@ def test_a_change_travels_as_a_delta_checked_against_the_complete_inventory(esta
     assert [e["source"] for e in delivered] == ["delta"]
     complete = len(json.dumps(estate.inventory()))
     assert delivered[0]["bytes"] * 3 < complete, (delivered[0]["bytes"], complete)
-    scraped = httpx.get(f"{estate.link_http_url}/metrics", timeout=10).text
-    assert "stoa_link_inventory_refetches_total{" not in scraped
+    assert total(scrape(estate.link_http_url), "stoa_link_inventory_refetches_total") == 0
 
 
 # -- CP API bad inputs: the right 4xx, a problem body naming the field, nothing changed -----------------
@@ -330,8 +324,7 @@ def test_gateway_endpoints_take_only_that_gateways_credential(
         "other": other_gateway["credential"],
         None: None,
     }[credential]
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    url = f"{estate.cp_url}/v1/gateways/{estate.gateway_id}/{endpoint}"
+    path = f"/v1/gateways/{estate.gateway_id}/{endpoint}"
     report = {
         "gateway_id": estate.gateway_id,
         "generation": before[0],
@@ -340,10 +333,11 @@ def test_gateway_endpoints_take_only_that_gateways_credential(
         "detail": "forged",
     }
 
-    if endpoint == "sync-reports":
-        response = httpx.post(url, json=report, headers=headers, timeout=5)
-    else:
-        response = httpx.get(url, headers=headers, timeout=5)
+    with CPClient(estate.cp_url, token, timeout=5) as caller:
+        if endpoint == "sync-reports":
+            response = caller.answer("POST", path, json=report)
+        else:
+            response = caller.answer("GET", path)
 
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/problem+json")

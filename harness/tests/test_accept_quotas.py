@@ -13,7 +13,6 @@ import httpx
 import pytest
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.postgres import EmbeddedPostgres
-from stoa_harness.site import Site
 from stoa_harness.wait import wait_until
 from stoa_proto.bodies import DENY_BODIES
 
@@ -51,13 +50,8 @@ def estate(quota_pg: EmbeddedPostgres, estates: Callable[..., Estate]) -> Estate
             plan_id, tenant_id=TENANT, requests=requests, window_seconds=window_seconds, billed=billed
         )
     admin.wait_synced()
-    site(running).wait_authz_ready()
+    running.started_site.wait_authz_ready()
     return running
-
-
-def site(estate: Estate) -> Site:
-    assert estate.site is not None
-    return estate.site
 
 
 def subscribed_key(estate: Estate, plan_id: str) -> str:
@@ -74,10 +68,6 @@ def subscribed_key(estate: Estate, plan_id: str) -> str:
 
 def get(estate: Estate, key: str) -> httpx.Response:
     return estate.gateway.get(estate.url(PATH), headers={"x-api-key": key})
-
-
-def last_reason(estate: Estate) -> str:
-    return str(site(estate).authz_decisions()[-1]["reason"])
 
 
 def test_billed_quota_is_exact_under_a_concurrent_burst(estate: Estate) -> None:
@@ -112,7 +102,7 @@ def test_429_carries_retry_after_from_the_window_and_ratelimit_fields(estate: Es
     assert denied.headers["ratelimit"] == f'"pair";r=0;t={retry_after}'
     # The window is the clock's 60-second slot: Retry-After is what is left of it.
     assert abs(retry_after - (60 - time.time() % 60)) <= 2
-    assert last_reason(estate) == "quota_exceeded"
+    assert estate.last_authz_reason() == "quota_exceeded"
 
 
 def test_postgres_stopped_billed_503_non_billed_bounded_then_denied(
@@ -122,16 +112,17 @@ def test_postgres_stopped_billed_503_non_billed_bounded_then_denied(
     spent, spare = subscribed_key(estate, "free"), subscribed_key(estate, "free")
     assert get(estate, billed).status_code == 200
     assert get(estate, spent).status_code == 200
-    degraded_before = len(site(estate).authz_events("quota flush failed: degraded mode"))
-    expired_before = len(site(estate).authz_events("quota degraded mode expired: denying"))
+    events = estate.started_site.authz_events
+    degraded_before = len(events("quota flush failed: degraded mode"))
+    expired_before = len(events("quota degraded mode expired: denying"))
     quota_pg.stop_server()
     try:
         unavailable = get(estate, billed)
         assert unavailable.status_code == 503
         assert unavailable.content == DENY_BODIES[503]
-        assert last_reason(estate) == "quota_unavailable"
+        assert estate.last_authz_reason() == "quota_unavailable"
         wait_until(
-            lambda: len(site(estate).authz_events("quota flush failed: degraded mode")) > degraded_before,
+            lambda: len(events("quota flush failed: degraded mode")) > degraded_before,
             5,
             "the non-billed counters to notice",
         )
@@ -141,13 +132,13 @@ def test_postgres_stopped_billed_503_non_billed_bounded_then_denied(
         assert get(estate, spare).status_code == 200
         # Past the bounded time nothing is served, even by a counter with overshoot left.
         wait_until(
-            lambda: len(site(estate).authz_events("quota degraded mode expired: denying")) > expired_before,
+            lambda: len(events("quota degraded mode expired: denying")) > expired_before,
             DEGRADED_MAX_S + 10,
             "the degraded mode's time to run out",
         )
         assert time.monotonic() - degraded_at >= DEGRADED_MAX_S - 0.5
         assert get(estate, spare).status_code == 503
-        assert last_reason(estate) == "quota_unavailable"
+        assert estate.last_authz_reason() == "quota_unavailable"
     finally:
         quota_pg.resume()
     wait_until(lambda: get(estate, billed).status_code == 200, 10, "billed counting again")

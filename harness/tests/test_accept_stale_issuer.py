@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
+from stoa_harness.metrics import scrape
 from stoa_harness.wait import wait_until
 
 AUDIENCE = "stoa-stale"
@@ -19,11 +18,7 @@ STALE_AFTER_S = 4
 
 
 def stale_issuers(estate: Estate) -> float:
-    text = httpx.get(f"{estate.cp_url}/metrics", timeout=5).text
-    for family in text_string_to_metric_families(text):
-        if family.name == "stoa_cp_stale_issuers":
-            return family.samples[0].value
-    raise AssertionError("stoa_cp_stale_issuers is not exposed")
+    return scrape(estate.cp_url, timeout=5)["stoa_cp_stale_issuers"]
 
 
 def test_keys_of_an_unreachable_issuer_stop_being_trusted_past_the_stale_bound(

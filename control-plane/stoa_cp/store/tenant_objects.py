@@ -201,6 +201,23 @@ async def _replayed(
     raise Taken(kind.key, object_id, row["tenant_id"])
 
 
+async def _written(
+    conn: Connection,
+    kind: Kind[Out],
+    owner_id: str,
+    object_id: str,
+    body: Any,
+    reach: Reach | None,
+    signer: tool_permissions.Signer | None,
+) -> Out:
+    """After an insert or a replacement: the kind's own writes, what it re-publishes (`reach`, the
+    kind's when None), and the object as stored."""
+    if kind.written is not None:
+        await kind.written(conn, owner_id, object_id, body)
+    await publish(conn, kind, owner_id, reach or kind.reach, signer)
+    return kind.answer(await read(conn, kind, owner_id, object_id))
+
+
 async def create(
     db: Database,
     kind: Kind[Out],
@@ -218,10 +235,7 @@ async def create(
             if replayed is not None:
                 return replayed, False
         await _insert(conn, kind, owner_id, object_id, values)
-        if kind.written is not None:
-            await kind.written(conn, owner_id, object_id, body)
-        await publish(conn, kind, owner_id, kind.created_reach or kind.reach, signer)
-        return kind.answer(await read(conn, kind, owner_id, object_id)), True
+        return await _written(conn, kind, owner_id, object_id, body, kind.created_reach, signer), True
 
 
 async def update(
@@ -251,10 +265,7 @@ async def update(
             object_id,
             *values.values(),
         )
-        if kind.written is not None:
-            await kind.written(conn, owner_id, object_id, body)
-        await publish(conn, kind, owner_id, kind.reach, signer)
-        return kind.answer(await read(conn, kind, owner_id, object_id))
+        return await _written(conn, kind, owner_id, object_id, body, kind.reach, signer)
 
 
 async def delete(

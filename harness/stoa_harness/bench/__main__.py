@@ -26,6 +26,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,33 +88,42 @@ QUICK = Plan(
 )
 
 
-def run(
-    plan: Plan, run_dir: Path, only: tuple[str, ...] = ("data_path", "consumers", "processing", "churn")
-) -> dict[str, Any]:
+def _data_path(rig: Rig, plan: Plan) -> dict[str, Any]:
+    return data_path.run(rig, reps=plan.reps, duration_s=plan.load_s, one_conn_duration_s=plan.one_conn_s)
+
+
+def _consumers(rig: Rig, plan: Plan) -> dict[str, Any]:
+    return consumers.run(rig, reps=plan.reps, duration_s=plan.load_s, one_conn_duration_s=plan.one_conn_s)
+
+
+def _processing(rig: Rig, plan: Plan) -> dict[str, Any]:
+    return processing.run(rig, reps=plan.proc_reps, duration_s=plan.load_s, ttfb_count=plan.ttfb_count)
+
+
+def _churn(rig: Rig, _plan: Plan) -> dict[str, Any]:
+    return churn.run(rig)
+
+
+# The scenarios before the publication ladder, in the order they run.
+SCENARIOS: dict[str, Callable[[Rig, Plan], dict[str, Any]]] = {
+    "data_path": _data_path,
+    "consumers": _consumers,
+    "processing": _processing,
+    "churn": _churn,
+}
+
+
+def run(plan: Plan, run_dir: Path, only: tuple[str, ...] = tuple(SCENARIOS)) -> dict[str, Any]:
     started = time.monotonic()
     phases: dict[str, float] = {}
     out: dict[str, Any] = {}
     with Rig(run_dir) as rig:
         mark = time.monotonic()
         # `only` = () runs the publication ladder alone (BENCH_ONLY=publication).
-        if "data_path" in only:
-            out["data_path"] = data_path.run(
-                rig, reps=plan.reps, duration_s=plan.load_s, one_conn_duration_s=plan.one_conn_s
-            )
-            phases["data_path"], mark = time.monotonic() - mark, time.monotonic()
-        if "consumers" in only:
-            out["consumers"] = consumers.run(
-                rig, reps=plan.reps, duration_s=plan.load_s, one_conn_duration_s=plan.one_conn_s
-            )
-            phases["consumers"], mark = time.monotonic() - mark, time.monotonic()
-        if "processing" in only:
-            out["processing"] = processing.run(
-                rig, reps=plan.proc_reps, duration_s=plan.load_s, ttfb_count=plan.ttfb_count
-            )
-            phases["processing"], mark = time.monotonic() - mark, time.monotonic()
-        if "churn" in only:
-            out["churn"] = churn.run(rig)
-            phases["churn"], mark = time.monotonic() - mark, time.monotonic()
+        for name, scenario in SCENARIOS.items():
+            if name in only:
+                out[name] = scenario(rig, plan)
+                phases[name], mark = time.monotonic() - mark, time.monotonic()
         ladder = publication.Ladder(rig)
         samples: dict[int, list[float]] = {}
         for count in LADDER:
@@ -138,44 +148,52 @@ def run(
     return out
 
 
-def run_data_path(plan: Plan, run_dir: Path, target: Path) -> None:
-    with Rig(run_dir) as rig:
-        result = data_path.run(
-            rig, reps=plan.reps, duration_s=plan.load_s, one_conn_duration_s=plan.one_conn_s
-        )
-    target.mkdir(parents=True, exist_ok=True)
-    (target / "data_path.json").write_text(json.dumps(result, indent=2))
+def _data_path_summary(result: dict[str, Any]) -> str:
+    lines = []
     for name, s in result["variants"].items():
         ratio = f"  ratio {s['ratio']['median']:.3f}" if "ratio" in s else ""
         cpu = s.get("authz_cpu_us_per_decision")
         cpu_text = f"  cpu/decision {cpu['median']:.0f} us" if cpu else ""
         split = " ".join(f"{k}={v['median']:.2f}" for k, v in s["cpu_split"].items())
-        print(
+        lines.append(
             f"{name:18s} rps {s['rps']['median']:7.0f}  p50 {s['p50_ms']['median']:.2f} ms"
             f"{ratio}{cpu_text}  cores: {split}"
         )
-    print(f"added p50 at one connection: {result['added_p50_ms_one_conn']:.3f} ms")
-    print(f"data path: {target / 'data_path.json'}")
+    lines.append(f"added p50 at one connection: {result['added_p50_ms_one_conn']:.3f} ms")
+    return "\n".join(lines)
 
 
-def run_consumers(plan: Plan, run_dir: Path, target: Path) -> None:
-    with Rig(run_dir) as rig:
-        result = consumers.run(
-            rig, reps=plan.reps, duration_s=plan.load_s, one_conn_duration_s=plan.one_conn_s
-        )
+def _processing_summary(result: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in result.items() if k not in ("ttfb", "variants")}, indent=2)
+
+
+def _publication_summary(results: dict[str, Any]) -> str:
+    pub = {k: v for k, v in results["publication"].items() if "samples" not in k and k != "definition"}
+    return json.dumps(pub, indent=2)
+
+
+# What a scenario run alone prints of its result.
+SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "data_path": _data_path_summary,
+    "consumers": report.consumers_markdown,
+    "processing": _processing_summary,
+    "publication": _publication_summary,
+}
+
+
+def _written(name: str, result: dict[str, Any], target: Path) -> None:
+    """`<name>.json` in `target`, and the scenario's summary printed."""
     target.mkdir(parents=True, exist_ok=True)
-    (target / "consumers.json").write_text(json.dumps(result, indent=2))
-    print(report.consumers_markdown(result))
-    print(f"consumers: {target / 'consumers.json'}")
+    (target / f"{name}.json").write_text(json.dumps(result, indent=2))
+    print(SUMMARIES[name](result))
+    print(f"{name}: {target / f'{name}.json'}")
 
 
-def run_processing(plan: Plan, run_dir: Path, target: Path) -> None:
+def run_alone(name: str, plan: Plan, run_dir: Path, target: Path) -> None:
+    """One scenario in an estate of its own (BENCH_ONLY=<name>)."""
     with Rig(run_dir) as rig:
-        result = processing.run(rig, reps=plan.proc_reps, duration_s=plan.load_s, ttfb_count=plan.ttfb_count)
-    target.mkdir(parents=True, exist_ok=True)
-    (target / "processing.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps({k: v for k, v in result.items() if k not in ("ttfb", "variants")}, indent=2))
-    print(f"processing: {target / 'processing.json'}")
+        result = SCENARIOS[name](rig, plan)
+    _written(name, result, target)
 
 
 def main() -> int:
@@ -192,14 +210,10 @@ def main() -> int:
         return 2
     if only == "mcp":
         return mcp_call.main()
-    if only == "processing":
-        with tempfile.TemporaryDirectory(prefix="stoa-bench-") as tmp:
-            run_processing(plan, Path(tmp), target)
-        return 0
     keep = os.environ.get("BENCH_RUN_DIR", "")
-    if only in ("data_path", "consumers"):
+    if only in ("data_path", "consumers", "processing"):
         with tempfile.TemporaryDirectory(prefix="stoa-bench-") as tmp:
-            (run_data_path if only == "data_path" else run_consumers)(plan, Path(keep or tmp), target)
+            run_alone(only, plan, Path(keep or tmp), target)
         return 0
     with contextlib.ExitStack() as stack:
         run_dir = (
@@ -207,14 +221,10 @@ def main() -> int:
             if keep
             else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="stoa-bench-")))
         )
-        results = run(plan, run_dir, () if only else ("data_path", "consumers", "processing", "churn"))
+        results = run(plan, run_dir, () if only else tuple(SCENARIOS))
     results = {"date": date, "quick": plan.quick, "environment": report.environment(REPO), **results}
     if only == "publication":
-        target.mkdir(parents=True, exist_ok=True)
-        (target / "publication.json").write_text(json.dumps(results, indent=2))
-        pub = {k: v for k, v in results["publication"].items() if "samples" not in k and k != "definition"}
-        print(json.dumps(pub, indent=2))
-        print(f"publication: {target / 'publication.json'}")
+        _written("publication", results, target)
         return 0
     text = report.write(results, target)
     print(text)
