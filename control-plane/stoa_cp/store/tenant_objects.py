@@ -158,7 +158,8 @@ async def publish(
 
 async def _taken(conn: Connection, kind: Kind[Any], object_id: str) -> Problem:
     holder = await conn.fetchval(f"SELECT tenant_id FROM {kind.table} WHERE {kind.key} = $1", object_id)  # noqa: S608
-    return Taken(kind.key, object_id, holder)
+    # Deleted since the clash: nobody's object to hide, a plain conflict (trying again may succeed).
+    return conflict(kind.key, object_id) if holder is None else Taken(kind.key, object_id, holder)
 
 
 async def _insert(conn: Connection, kind: Kind[Any], owner_id: str, object_id: str, values: Values) -> None:
