@@ -190,12 +190,14 @@ def measure(estate: Estate, token: str, calls: int, block: int = 50) -> dict[str
 
 def run(calls: int) -> dict[str, Any]:
     with (
+        # Removed after every process of the estate has stopped (the last context to exit).
+        tempfile.TemporaryDirectory(prefix="stoa-bench-mcp-") as run_dir,
         EmbeddedPostgres() as pg,
         DevIdentityProvider(alg="ES256", audience=AUDIENCE) as idp,
         Estate(
             EstateOptions(authz="service", mcp=True, authz_env={"STOA_AUTHZ_AUDIENCE": AUDIENCE}),
             postgres=pg,
-            run_dir=Path(tempfile.mkdtemp(prefix="stoa-bench-mcp-")),
+            run_dir=Path(run_dir),
         ) as estate,
     ):
         admin = estate.admin
