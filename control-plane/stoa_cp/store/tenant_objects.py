@@ -12,7 +12,8 @@ hooks its own module gives.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -239,6 +240,16 @@ async def create(
         return await _written(conn, kind, owner_id, object_id, body, kind.created_reach, signer), True
 
 
+@contextlib.asynccontextmanager
+async def _held(
+    db: Database, kind: Kind[Any], owner_id: str, object_id: str
+) -> AsyncIterator[tuple[Connection, asyncpg.Record]]:
+    """A transaction holding the owner's lock, then the object's row as it stands (404 if none)."""
+    async with db.transaction() as conn:
+        await kind.owner.lock(conn, owner_id)
+        yield conn, await read(conn, kind, owner_id, object_id, lock=True)
+
+
 async def update(
     db: Database,
     kind: Kind[Out],
@@ -248,9 +259,7 @@ async def update(
     signer: tool_permissions.Signer | None = None,
 ) -> Out:
     """Replace the object's fields; an unchanged body changes nothing (nothing re-published)."""
-    async with db.transaction() as conn:
-        await kind.owner.lock(conn, owner_id)
-        current = await read(conn, kind, owner_id, object_id, lock=True)
+    async with _held(db, kind, owner_id, object_id) as (conn, current):
         values = await _checked(conn, kind, owner_id, body)
         if _unchanged(kind, current, values):
             return kind.answer(current)
@@ -276,9 +285,7 @@ async def delete(
     object_id: str,
     signer: tool_permissions.Signer | None = None,
 ) -> None:
-    async with db.transaction() as conn:
-        await kind.owner.lock(conn, owner_id)
-        await read(conn, kind, owner_id, object_id, lock=True)
+    async with _held(db, kind, owner_id, object_id) as (conn, _):
         if kind.deleting is not None:
             await kind.deleting(conn, owner_id, object_id)
         await conn.execute(
