@@ -67,38 +67,48 @@ async def _setup(client, tenant_id: str) -> str:
     return api_id
 
 
+async def _mcp_site(api) -> tuple[str, str, str, str]:
+    """A new tenant with an API of GET and POST (for tools to call) and an MCP route deployed on a new
+    gateway: (the tenant, the gateway, its credential, the API)."""
+    tenant_id = await api.new_tenant()
+    gateway_id, credential = await api.new_gateway()
+    backing = await api.new_api(tenant_id, methods=["GET", "POST"])
+    mcp_api = fresh_id("mcp")
+    await api.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{fresh_id('m')}")
+    await api.deploy(mcp_api, gateway_id)
+    return tenant_id, gateway_id, credential, backing
+
+
 async def test_mcp_api_kind_has_no_upstream_and_carries_the_envelope(api):
     tenant_id = await api.new_tenant()
     created = await api.create_mcp_api(fresh_id("mcp"), tenant_id=tenant_id, path_prefix=f"/{fresh_id('m')}")
     assert created["kind"] == "mcp"
     assert created["upstream_url"] is None
     assert created["auth"]["envelope"] is True
-    refused = await api.answer(
-        "POST",
-        f"/v1/tenants/{tenant_id}/apis",
-        json={
-            "api_id": fresh_id("x"),
-            "name": "x",
-            "kind": "mcp",
-            "upstream_url": "http://127.0.0.1:1",
-            "methods": ["GET"],
-        },
-    )
+
+
+# An MCP API is served by the module: an upstream, or no verified caller to put in the envelope, breaks it.
+MCP_WITH_UPSTREAM = {"name": "x", "kind": "mcp", "upstream_url": "http://127.0.0.1:1", "methods": ["GET"]}
+MCP_WITHOUT_IDENTITY = {"name": "x", "kind": "mcp", "methods": ["GET"], "auth": {"mode": "none"}}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [(MCP_WITH_UPSTREAM, "upstream_url"), (MCP_WITHOUT_IDENTITY, "auth.mode")],
+    ids=["upstream", "no-identity"],
+)
+@pytest.mark.parametrize("bulk", [False, True], ids=["alone", "bulk"])
+async def test_an_mcp_api_against_the_kind_rules_is_refused_naming_the_field(api, body, field, bulk):
+    tenant_id = await api.new_tenant()
+    item = {"api_id": fresh_id("x"), **body}
+    if bulk:
+        refused = await api.answer("POST", f"/v1/tenants/{tenant_id}/bulk", json={"apis": [item]})
+        field = f"apis[0].{field}"
+    else:
+        refused = await api.answer("POST", f"/v1/tenants/{tenant_id}/apis", json=item)
     assert refused.status_code == 422
-    assert refused.json()["errors"][0]["field"] == "upstream_url"
-    refused = await api.answer(
-        "POST",
-        f"/v1/tenants/{tenant_id}/apis",
-        json={
-            "api_id": fresh_id("x"),
-            "name": "x",
-            "kind": "mcp",
-            "methods": ["GET"],
-            "auth": {"mode": "none"},
-        },
-    )
-    assert refused.status_code == 422
-    assert refused.json()["errors"][0]["field"] == "auth.mode"
+    assert refused.json()["errors"][0]["field"] == field
+    assert await api.apis(tenant_id) == []
 
 
 @pytest.mark.parametrize(
@@ -132,12 +142,7 @@ async def test_tools_are_refused_by_the_rules_naming_the_field(api, change, fiel
 
 
 async def test_tools_crud_and_the_inventory(api):
-    tenant_id = await api.new_tenant()
-    gateway_id, credential = await api.new_gateway()
-    backing = await api.new_api(tenant_id, methods=["GET", "POST"])
-    mcp_api = fresh_id("mcp")
-    await api.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{fresh_id('m')}")
-    await api.deploy(mcp_api, gateway_id)
+    tenant_id, gateway_id, credential, backing = await _mcp_site(api)
     before = await api.generation(gateway_id)
     tool = await api.create_tool(
         "get_order",
@@ -267,37 +272,11 @@ async def _until(condition) -> None:
     await wait_until_async(condition, 10, "the tool permissions to change")
 
 
-async def test_bulk_applies_the_mcp_kind_rules(api):
-    tenant_id = await api.new_tenant()
-    refused = await api.answer(
-        "POST",
-        f"/v1/tenants/{tenant_id}/bulk",
-        json={
-            "apis": [
-                {
-                    "api_id": fresh_id("m"),
-                    "name": "m",
-                    "kind": "mcp",
-                    "upstream_url": "http://127.0.0.1:1",
-                    "methods": ["GET"],
-                }
-            ]
-        },
-    )
-    assert refused.status_code == 422
-    assert refused.json()["errors"][0]["field"] == "apis[0].upstream_url"
-
-
 async def test_an_api_change_that_would_leave_a_tool_unfit_is_refused(api):
     """A PUT (or a bulk item) that removes a method a tool calls is 409 naming the tools, and changes
     nothing; a new upstream keeps the tools and takes them, with a new generation, to the gateways of
     the tenant's MCP routes."""
-    tenant_id = await api.new_tenant()
-    gateway_id, credential = await api.new_gateway()
-    backing = await api.new_api(tenant_id, methods=["GET", "POST"])
-    mcp_api = fresh_id("mcp")
-    await api.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{fresh_id('m')}")
-    await api.deploy(mcp_api, gateway_id)
+    tenant_id, gateway_id, credential, backing = await _mcp_site(api)
     await api.create_tool(
         "get_order",
         tenant_id=tenant_id,
