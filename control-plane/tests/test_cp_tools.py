@@ -11,8 +11,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from httpx_sse import aconnect_sse
-from stoa_cp.permissions import write_key
+from stoa_cp.permissions import SigningKeyError, public_jwk, write_key
 from stoa_harness.cp_client import CPError, fresh_id
 from stoa_harness.wait import wait_until_async
 
@@ -44,6 +46,23 @@ async def signing_cp(cp_factory, idp, key_dir):
         oidc_issuers=[idp.issuer],
         sse_ping_s=0.5,
     )
+
+
+def test_a_signing_key_file_must_be_an_unencrypted_ed25519_pem(tmp_path: Path) -> None:
+    kid = write_key(tmp_path / "good.pem")
+    assert public_jwk(tmp_path / "good.pem")["kid"] == kid
+    (tmp_path / "garbage.pem").write_bytes(b"not a key")
+    ec_pem = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    (tmp_path / "ec.pem").write_bytes(ec_pem)
+    for name, said in (
+        ("garbage.pem", "is not an unencrypted PEM private key"),
+        ("ec.pem", "is not an Ed25519 key"),
+    ):
+        with pytest.raises(SigningKeyError) as refused:
+            public_jwk(tmp_path / name)
+        assert str(refused.value) == f"{tmp_path / name} {said}"
 
 
 def tool_fields(api_id: str, **fields) -> dict:
