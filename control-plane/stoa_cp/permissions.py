@@ -20,10 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from joserfc.errors import SecurityWarning
-from joserfc.jwk import OKPKey
+from stoa_translate import jwks as keysets
 
 from stoa_cp.store import tool_permissions
 from stoa_cp.store.database import Database
@@ -45,18 +44,12 @@ def _b64url(data: bytes) -> str:
 
 
 def _load(path: Path) -> tuple[str, Ed25519PrivateKey, dict[str, Any]]:
-    data = path.read_bytes()
     try:
-        private = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as exc:
-        raise SigningKeyError(f"{path} is not an unencrypted PEM private key") from exc
-    if not isinstance(private, Ed25519PrivateKey):
-        raise SigningKeyError(f"{path} is not an Ed25519 key")
-    key = OKPKey.import_key(data)
-    kid = key.thumbprint()
-    public = key.as_dict(private=False)
-    public.update({"kid": kid, "alg": "EdDSA", "use": "sig"})
-    return kid, private, public
+        key = keysets.signing_key(path.read_bytes())
+    except ValueError as exc:
+        raise SigningKeyError(f"{path} {exc}") from exc
+    public = keysets.signing_jwk(key)
+    return public["kid"], key.private_key, public  # type: ignore[return-value]
 
 
 def public_jwk(path: Path) -> dict[str, Any]:
@@ -66,9 +59,7 @@ def public_jwk(path: Path) -> dict[str, Any]:
 
 def write_key(path: Path) -> str:
     """A new Ed25519 signing key in a 0600 file; its kid."""
-    pem = Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
+    pem = keysets.new_signing_key()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=0o600)
     path.write_bytes(pem)

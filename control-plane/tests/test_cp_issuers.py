@@ -4,13 +4,12 @@ in the background) and the generation bumps a key change causes."""
 from __future__ import annotations
 
 import json
-import threading
 import warnings
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from joserfc.jwk import ECKey, OKPKey, RSAKey
+from stoa_harness.asgi_thread import Receive, Scope, Send, ThreadedASGIServer
 from stoa_harness.wait import wait_until_async
 
 
@@ -35,29 +34,17 @@ class JwksServer:
     def __init__(self) -> None:
         self.document: object = {"keys": [public_jwk("k1")]}
         self.status = 200
-        owner = self
+        self.http = ThreadedASGIServer(self._app, "jwks").start()
+        self.url = f"{self.http.url}/jwks.json"
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = json.dumps(owner.document).encode()
-                self.send_response(owner.status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/jwks.json"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+    async def _app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = json.dumps(self.document).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": self.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
+        self.http.stop()
 
 
 @pytest.fixture

@@ -11,8 +11,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from httpx_sse import aconnect_sse
-from stoa_cp.permissions import write_key
+from stoa_cp.permissions import SigningKeyError, public_jwk, write_key
 from stoa_harness.cp_client import CPError, fresh_id
 from stoa_harness.wait import wait_until_async
 
@@ -46,6 +48,23 @@ async def signing_cp(cp_factory, idp, key_dir):
     )
 
 
+def test_a_signing_key_file_must_be_an_unencrypted_ed25519_pem(tmp_path: Path) -> None:
+    kid = write_key(tmp_path / "good.pem")
+    assert public_jwk(tmp_path / "good.pem")["kid"] == kid
+    (tmp_path / "garbage.pem").write_bytes(b"not a key")
+    ec_pem = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    (tmp_path / "ec.pem").write_bytes(ec_pem)
+    for name, said in (
+        ("garbage.pem", "is not an unencrypted PEM private key"),
+        ("ec.pem", "is not an Ed25519 key"),
+    ):
+        with pytest.raises(SigningKeyError) as refused:
+            public_jwk(tmp_path / name)
+        assert str(refused.value) == f"{tmp_path / name} {said}"
+
+
 def tool_fields(api_id: str, **fields) -> dict:
     """A tool's fields on `api_id` (a GET of one order unless `fields` say otherwise)."""
     return {
@@ -67,38 +86,48 @@ async def _setup(client, tenant_id: str) -> str:
     return api_id
 
 
+async def _mcp_site(api) -> tuple[str, str, str, str]:
+    """A new tenant with an API of GET and POST (for tools to call) and an MCP route deployed on a new
+    gateway: (the tenant, the gateway, its credential, the API)."""
+    tenant_id = await api.new_tenant()
+    gateway_id, credential = await api.new_gateway()
+    backing = await api.new_api(tenant_id, methods=["GET", "POST"])
+    mcp_api = fresh_id("mcp")
+    await api.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{fresh_id('m')}")
+    await api.deploy(mcp_api, gateway_id)
+    return tenant_id, gateway_id, credential, backing
+
+
 async def test_mcp_api_kind_has_no_upstream_and_carries_the_envelope(api):
     tenant_id = await api.new_tenant()
     created = await api.create_mcp_api(fresh_id("mcp"), tenant_id=tenant_id, path_prefix=f"/{fresh_id('m')}")
     assert created["kind"] == "mcp"
     assert created["upstream_url"] is None
     assert created["auth"]["envelope"] is True
-    refused = await api.answer(
-        "POST",
-        f"/v1/tenants/{tenant_id}/apis",
-        json={
-            "api_id": fresh_id("x"),
-            "name": "x",
-            "kind": "mcp",
-            "upstream_url": "http://127.0.0.1:1",
-            "methods": ["GET"],
-        },
-    )
+
+
+# An MCP API is served by the module: an upstream, or no verified caller to put in the envelope, breaks it.
+MCP_WITH_UPSTREAM = {"name": "x", "kind": "mcp", "upstream_url": "http://127.0.0.1:1", "methods": ["GET"]}
+MCP_WITHOUT_IDENTITY = {"name": "x", "kind": "mcp", "methods": ["GET"], "auth": {"mode": "none"}}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [(MCP_WITH_UPSTREAM, "upstream_url"), (MCP_WITHOUT_IDENTITY, "auth.mode")],
+    ids=["upstream", "no-identity"],
+)
+@pytest.mark.parametrize("bulk", [False, True], ids=["alone", "bulk"])
+async def test_an_mcp_api_against_the_kind_rules_is_refused_naming_the_field(api, body, field, bulk):
+    tenant_id = await api.new_tenant()
+    item = {"api_id": fresh_id("x"), **body}
+    if bulk:
+        refused = await api.answer("POST", f"/v1/tenants/{tenant_id}/bulk", json={"apis": [item]})
+        field = f"apis[0].{field}"
+    else:
+        refused = await api.answer("POST", f"/v1/tenants/{tenant_id}/apis", json=item)
     assert refused.status_code == 422
-    assert refused.json()["errors"][0]["field"] == "upstream_url"
-    refused = await api.answer(
-        "POST",
-        f"/v1/tenants/{tenant_id}/apis",
-        json={
-            "api_id": fresh_id("x"),
-            "name": "x",
-            "kind": "mcp",
-            "methods": ["GET"],
-            "auth": {"mode": "none"},
-        },
-    )
-    assert refused.status_code == 422
-    assert refused.json()["errors"][0]["field"] == "auth.mode"
+    assert refused.json()["errors"][0]["field"] == field
+    assert await api.apis(tenant_id) == []
 
 
 @pytest.mark.parametrize(
@@ -132,12 +161,7 @@ async def test_tools_are_refused_by_the_rules_naming_the_field(api, change, fiel
 
 
 async def test_tools_crud_and_the_inventory(api):
-    tenant_id = await api.new_tenant()
-    gateway_id, credential = await api.new_gateway()
-    backing = await api.new_api(tenant_id, methods=["GET", "POST"])
-    mcp_api = fresh_id("mcp")
-    await api.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{fresh_id('m')}")
-    await api.deploy(mcp_api, gateway_id)
+    tenant_id, gateway_id, credential, backing = await _mcp_site(api)
     before = await api.generation(gateway_id)
     tool = await api.create_tool(
         "get_order",
@@ -267,37 +291,11 @@ async def _until(condition) -> None:
     await wait_until_async(condition, 10, "the tool permissions to change")
 
 
-async def test_bulk_applies_the_mcp_kind_rules(api):
-    tenant_id = await api.new_tenant()
-    refused = await api.answer(
-        "POST",
-        f"/v1/tenants/{tenant_id}/bulk",
-        json={
-            "apis": [
-                {
-                    "api_id": fresh_id("m"),
-                    "name": "m",
-                    "kind": "mcp",
-                    "upstream_url": "http://127.0.0.1:1",
-                    "methods": ["GET"],
-                }
-            ]
-        },
-    )
-    assert refused.status_code == 422
-    assert refused.json()["errors"][0]["field"] == "apis[0].upstream_url"
-
-
 async def test_an_api_change_that_would_leave_a_tool_unfit_is_refused(api):
     """A PUT (or a bulk item) that removes a method a tool calls is 409 naming the tools, and changes
     nothing; a new upstream keeps the tools and takes them, with a new generation, to the gateways of
     the tenant's MCP routes."""
-    tenant_id = await api.new_tenant()
-    gateway_id, credential = await api.new_gateway()
-    backing = await api.new_api(tenant_id, methods=["GET", "POST"])
-    mcp_api = fresh_id("mcp")
-    await api.create_mcp_api(mcp_api, tenant_id=tenant_id, path_prefix=f"/{fresh_id('m')}")
-    await api.deploy(mcp_api, gateway_id)
+    tenant_id, gateway_id, credential, backing = await _mcp_site(api)
     await api.create_tool(
         "get_order",
         tenant_id=tenant_id,

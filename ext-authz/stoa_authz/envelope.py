@@ -12,10 +12,10 @@ import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from joserfc.errors import SecurityWarning
 from joserfc.jwk import OKPKey
+from stoa_translate import jwks as keysets
 
 LIFETIME_S = 60
 # "EdDSA" is what upstream verifiers understand today; joserfc warns it is superseded by RFC 9864.
@@ -32,19 +32,14 @@ def load_signing_key(path: Path) -> OKPKey:
     except OSError as exc:
         raise SigningKeyError(f"cannot read signing key {path}: {exc.strerror}") from exc
     try:
-        private = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as exc:
-        raise SigningKeyError(f"signing key {path} is not an unencrypted PEM private key") from exc
-    if not isinstance(private, Ed25519PrivateKey):
-        raise SigningKeyError(f"signing key {path} is not an Ed25519 key")
-    return OKPKey.import_key(data)
+        return keysets.signing_key(data)
+    except ValueError as exc:
+        raise SigningKeyError(f"signing key {path} {exc}") from exc
 
 
 def write_ephemeral_key(directory: str | None = None) -> Path:
     """A fresh Ed25519 key in a 0600 file (shared by worker processes; the caller deletes it)."""
-    pem = Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
+    pem = keysets.new_signing_key()
     fd, name = tempfile.mkstemp(prefix="stoa-authz-signing-", suffix=".pem", dir=directory)
     with os.fdopen(fd, "wb") as handle:
         handle.write(pem)
@@ -67,9 +62,7 @@ class Envelope:
         self.kid = key.thumbprint()
         header = {"alg": "EdDSA", "typ": "JWT", "kid": self.kid}
         self._header_segment = _b64url(json.dumps(header, separators=(",", ":")).encode()) + b"."
-        public = key.as_dict(private=False)
-        public.update({"kid": self.kid, "alg": "EdDSA", "use": "sig"})
-        self.jwks = json.dumps({"keys": [public]}).encode()
+        self.jwks = json.dumps({"keys": [keysets.signing_jwk(key)]}).encode()
 
     def claims_prefix(
         self,

@@ -320,61 +320,33 @@ CASES = [
         Reason.INVALID_TOKEN,
         401,
     ),
-    (
-        "sub-inner-space",
-        lambda i, r: r(bearer(i.mint(sub="service account 7", **GOOD))),
-        Reason.ALLOWED,
-        None,
+    # A good token minted with one claim or lifetime changed.
+    *(
+        (name, lambda i, r, minted=minted: r(bearer(i.mint(**minted, **GOOD))), reason, status)
+        for name, minted, reason, status in (
+            ("sub-inner-space", {"sub": "service account 7"}, Reason.ALLOWED, None),
+            ("lifetime-above-maximum", {"lifetime_s": 86_400 + 120}, Reason.INVALID_TOKEN, 401),
+            (
+                "no-iat-expiring-beyond-maximum",
+                {"iat": None, "lifetime_s": 86_400 + 120},
+                Reason.INVALID_TOKEN,
+                401,
+            ),
+            ("no-iat-within-maximum", {"iat": None}, Reason.ALLOWED, None),
+            ("lifetime-at-maximum", {"lifetime_s": 86_400}, Reason.ALLOWED, None),
+        )
     ),
-    (
-        "lifetime-above-maximum",
-        lambda i, r: r(bearer(i.mint(lifetime_s=86_400 + 120, **GOOD))),
-        Reason.INVALID_TOKEN,
-        401,
-    ),
-    (
-        "no-iat-expiring-beyond-maximum",
-        lambda i, r: r(bearer(i.mint(iat=None, lifetime_s=86_400 + 120, **GOOD))),
-        Reason.INVALID_TOKEN,
-        401,
-    ),
-    ("no-iat-within-maximum", lambda i, r: r(bearer(i.mint(iat=None, **GOOD))), Reason.ALLOWED, None),
-    (
-        "lifetime-at-maximum",
-        lambda i, r: r(bearer(i.mint(lifetime_s=86_400, **GOOD))),
-        Reason.ALLOWED,
-        None,
-    ),
-    (
-        "hidden-dot-segment",
-        lambda i, r: r(bearer(i.mint(**GOOD)), path="/apis/orders/%252e%252e;/admin"),
-        Reason.MALFORMED_REQUEST,
-        400,
-    ),
-    (
-        "matrix-parameter",
-        lambda i, r: r(bearer(i.mint(**GOOD)), path="/apis/orders/a;v=1/b"),
-        Reason.ALLOWED,
-        None,
-    ),
-    (
-        "unknown-route",
-        lambda i, r: r(bearer(i.mint(**GOOD)), route_id="ghost"),
-        Reason.UNKNOWN_ROUTE,
-        403,
-    ),
-    (
-        "route-tenant-differs",
-        lambda i, r: r(bearer(i.mint(**GOOD)), tenant_id="globex"),
-        Reason.UNKNOWN_ROUTE,
-        403,
-    ),
-    (
-        # A route entry no kept set holds: its Envoy route was built with a set no longer held.
-        "unknown-version",
-        lambda i, r: r(bearer(i.mint(**GOOD)), version="0123456789abcdef"),
-        Reason.POLICY_UNAVAILABLE,
-        503,
+    # A good token on a request that differs in one field.
+    *(
+        (name, lambda i, r, change=change: r(bearer(i.mint(**GOOD)), **change), reason, status)
+        for name, change, reason, status in (
+            ("hidden-dot-segment", {"path": "/apis/orders/%252e%252e;/admin"}, Reason.MALFORMED_REQUEST, 400),
+            ("matrix-parameter", {"path": "/apis/orders/a;v=1/b"}, Reason.ALLOWED, None),
+            ("unknown-route", {"route_id": "ghost"}, Reason.UNKNOWN_ROUTE, 403),
+            ("route-tenant-differs", {"tenant_id": "globex"}, Reason.UNKNOWN_ROUTE, 403),
+            # A route entry no kept set holds: its Envoy route was built with a set no longer held.
+            ("unknown-version", {"version": "0123456789abcdef"}, Reason.POLICY_UNAVAILABLE, 503),
+        )
     ),
 ]
 

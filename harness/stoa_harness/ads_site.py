@@ -1,22 +1,20 @@
 """An ADS site in-process: the Link's own ADS server, Agent and reporter on an event loop in a
-background thread, a real Envoy connected over mutual TLS, and a small HTTP receiver standing in for
-the CP's sync-report endpoint; plus hand-made snapshots built with xds-protos, so a test controls
+background thread, a real Envoy connected over mutual TLS, and a scripted CP receiving the reporter's
+sync reports (`stoa_harness.scripted_cp`); plus hand-made snapshots built with xds-protos, so a test controls
 exactly what Envoy is given (and can make Envoy refuse one).
 
     site = AdsSite(root)                                   # ADS server + Agent + a real Envoy
     site.apply(2, make_snapshot(2, [make_cluster("a", port)], make_listener(site.listener_port),
                                 make_routes([("/a", "a")])))   # -> the SyncReport
-    site.receiver.reports_for(2)                           # what the CP would have received
+    site.cp.wait_report(2, "SYNCED")                       # what the CP received
     site.close()
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Coroutine
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -41,8 +39,10 @@ from stoa_translate.snapshot import CLUSTER, ENVOY_TYPES, LISTENER, ROUTE, Snaps
 
 from stoa_harness.envoy import EnvoyProcess
 from stoa_harness.ports import free_port
+from stoa_harness.scripted_cp import ScriptedCP
 
 GATEWAY = "gw-ads"
+CREDENTIAL = "gateway-credential"
 ENVOY_SAN = "spiffe://stoa.local/envoy"
 T = TypeVar("T")
 
@@ -171,39 +171,6 @@ class LoopThread:
         self.loop.close()
 
 
-class ReportReceiver:
-    """Stands in for the CP's sync-report endpoint: records every JSON body POSTed to it."""
-
-    def __init__(self) -> None:
-        received: list[dict[str, Any]] = []
-        self.received = received
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                received.append(
-                    {"path": self.path, "auth": self.headers.get("Authorization"), **json.loads(body)}
-                )
-                self.send_response(202)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def reports_for(self, generation: int) -> list[dict[str, Any]]:
-        return [r for r in self.received if int(r.get("generation", 0)) == generation]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 class AdsSite:
     """ADS server + Agent + reporter (in-process) and a real Envoy connected over mTLS."""
 
@@ -224,7 +191,7 @@ class AdsSite:
             ack_timeout_s=10.0,
         )
         self.loop = LoopThread()
-        self.receiver = ReportReceiver()
+        self.cp = ScriptedCP(GATEWAY, CREDENTIAL).start()
         try:
             self._start()
         except BaseException:
@@ -235,7 +202,7 @@ class AdsSite:
         self.ads_port = self.loop.run(self.ads.start())
 
         async def _link() -> tuple[Reporter, Agent]:
-            reporter = Reporter(self.receiver.url, GATEWAY, "gateway-credential")
+            reporter = Reporter(self.cp.url, GATEWAY, CREDENTIAL)
             agent = Agent(
                 GATEWAY,
                 self.ads,
@@ -287,4 +254,4 @@ class AdsSite:
             envoy.stop()
         self.loop.run(self.ads.stop(0))
         self.loop.close()
-        self.receiver.close()
+        self.cp.stop()

@@ -36,12 +36,10 @@ def test_bring_up_acks_cds_lds_rds_and_reports_synced(ads_site: AdsSite, upstrea
     assert envoy.versions() == {"cds": version, "lds": version, "rds": version}
     acked = {(e.type_url, e.version) for e in ads_site.ads.event_log() if e.kind == "ack"}
     assert {(CLUSTER, version), (LISTENER, version), (ROUTE, version)} <= acked
-    wait_until(lambda: ads_site.receiver.reports_for(1), 10, "the SYNCED report for generation 1")
-    [report] = ads_site.receiver.reports_for(1)
-    assert report["status"] == "SYNCED"
+    # The scripted CP records a report only on the gateway's own path, with its credential.
+    report = ads_site.cp.wait_report(1, "SYNCED", timeout=10)
     assert report["snapshot_version"] == version
-    assert report["path"] == f"/v1/gateways/{GATEWAY}/sync-reports"
-    assert report["auth"] == "Bearer gateway-credential"
+    assert [int(r["generation"]) for r in ads_site.cp.reports()].count(1) == 1
     upstream.clear()
     assert ads_site.get("/a/hello").status_code == 200
     assert upstream.wait_arrivals(1, path_prefix="/a/hello")[0].path == "/a/hello"
@@ -74,13 +72,7 @@ def test_snapshot_envoy_rejects_is_nacked_reported_failed_and_old_config_serves(
     nacks = [e for e in ads_site.ads.event_log() if e.kind == "nack" and e.version == rejected.version]
     assert [e.type_url for e in nacks] == [failed_type]
     # The reporter delivered it to the CP stand-in, with Envoy's own words.
-    wait_until(
-        lambda: ads_site.receiver.reports_for(generation),
-        10,
-        f"the FAILED report for generation {generation}",
-    )
-    [sent] = ads_site.receiver.reports_for(generation)
-    assert sent["status"] == "FAILED"
+    sent = ads_site.cp.wait_report(generation, "FAILED", timeout=10)
     assert sent["reason"] == "NACK"
     assert detail_fragment in sent["detail"].lower()
     # The previous snapshot is back everywhere and still serves; the rejected route does not exist.

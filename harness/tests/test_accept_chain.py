@@ -21,6 +21,14 @@ from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES
 TENANT = "chain"
 ORIGIN = "https://app.example.com"
 FOREIGN_ORIGIN = "https://evil.example.net"
+CORS_CONFIG = {
+    "allowedOrigins": [ORIGIN],
+    "allowedMethods": ["GET", "POST"],
+    "allowedHeaders": ["content-type"],
+    "exposeHeaders": ["x-trace-id"],
+    "maxAge": 60,
+    "allowCredentials": True,
+}
 PREFLIGHT = (("origin", ORIGIN), ("access-control-request-method", "POST"))
 # Envoy's answer to a request the authorization service could not decide: bounded by design.
 RETRY_AFTER_BOUND_S = 60
@@ -42,27 +50,11 @@ def chain(estate: Estate) -> Estate:
     estate.publish("chain", tenant_id=TENANT, upstream_url=f"{up.url}/chain-up", methods=["GET", "POST"])
     estate.publish("pc", tenant_id=TENANT, upstream_url=f"{up.url}/pc-up", methods=["GET"])
     estate.publish("chain-ip", tenant_id=TENANT, upstream_url=f"{up.url}/ip-up", methods=["GET"])
-    estate.admin.add_policy(
-        "chain-cors",
-        "cors",
-        {
-            "allowedOrigins": [ORIGIN],
-            "allowedMethods": ["GET", "POST"],
-            "allowedHeaders": ["content-type"],
-            "exposeHeaders": ["x-trace-id"],
-            "maxAge": 60,
-            "allowCredentials": True,
-        },
-        tenant_id=TENANT,
-        targets=["chain"],
-    )
-    estate.admin.add_policy(
-        "chain-ip-deny",
-        "ip_filter",
-        {"mode": "deny", "ip_list": ["127.0.0.1"]},
-        tenant_id=TENANT,
-        targets=["chain-ip"],
-    )
+    for policy_id, policy_type, config, api_id in (
+        ("chain-cors", "cors", CORS_CONFIG, "chain"),
+        ("chain-ip-deny", "ip_filter", {"mode": "deny", "ip_list": ["127.0.0.1"]}, "chain-ip"),
+    ):
+        estate.admin.add_policy(policy_id, policy_type, config, tenant_id=TENANT, targets=[api_id])
     estate.admin.wait_synced()
     return estate
 

@@ -493,11 +493,19 @@ def test_unauthenticated_callers_are_told_where_the_resource_metadata_is(
 def test_a_session_belongs_to_the_caller_that_opened_it(estate: Estate, idp: DevIdentityProvider) -> None:
     """Every stream of a session answers with one caller's decision: another caller naming the
     session's id is answered as for an unknown session, whatever it may call itself."""
-    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
-    opened = httpx.post(
-        estate.url(ACME_MCP),
-        headers={**headers, "authorization": f"Bearer {reader(idp)}"},
-        json={
+
+    def post(token: str, message: dict[str, Any], session: dict[str, str] | None = None) -> httpx.Response:
+        headers = {
+            "accept": "application/json, text/event-stream",
+            "content-type": "application/json",
+            "authorization": f"Bearer {token}",
+            **(session or {}),
+        }
+        return httpx.post(estate.url(ACME_MCP), headers=headers, json=message, timeout=5)
+
+    opened = post(
+        reader(idp),
+        {
             "jsonrpc": "2.0",
             "id": 1,
             "method": "initialize",
@@ -507,25 +515,13 @@ def test_a_session_belongs_to_the_caller_that_opened_it(estate: Estate, idp: Dev
                 "clientInfo": {"name": "t", "version": "0"},
             },
         },
-        timeout=5,
     )
     assert opened.status_code == 200
     session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
     listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
-    other = idp.mint(tenant=TENANT, scope="tools:read", sub="mallory")
-    hijack = httpx.post(
-        estate.url(ACME_MCP),
-        headers={**headers, **session, "authorization": f"Bearer {other}"},
-        json=listing,
-        timeout=5,
-    )
+    hijack = post(idp.mint(tenant=TENANT, scope="tools:read", sub="mallory"), listing, session)
     assert hijack.status_code == 404
-    own = httpx.post(
-        estate.url(ACME_MCP),
-        headers={**headers, **session, "authorization": f"Bearer {reader(idp)}"},
-        json=listing,
-        timeout=5,
-    )
+    own = post(reader(idp), listing, session)
     assert own.status_code == 200
     assert [t["name"] for t in own.json()["result"]["tools"]] == ["get_order"]
 

@@ -55,36 +55,25 @@ def policies(estate: Estate) -> Estate:
     up = estate.upstream
     for api_id in API_IDS:
         estate.publish(api_id, tenant_id=TENANT, upstream_url=f"{up.url}/{api_id}", methods=["GET", "POST"])
-    estate.admin.add_policy("cors-app", "cors", CORS_CONFIG, tenant_id=TENANT, targets=["p-cors"])
-    estate.admin.add_policy(
-        "rate-3",
-        "rate_limit",
-        {"maxRequests": RATE_MAX, "intervalSeconds": RATE_INTERVAL_S},
-        tenant_id=TENANT,
-        targets=["p-rate"],
-    )
-    # A bucket that never refills during the test: only what was authorized can have spent it.
-    estate.admin.add_policy(
-        "rate-2-hour",
-        "rate_limit",
-        {"maxRequests": 2, "intervalSeconds": 3600},
-        tenant_id=TENANT,
-        targets=["p-rate-authz"],
-    )
     ip_rules = {
         "p-deny-local": ("deny", ["127.0.0.1"]),
         "p-allow-local": ("allow", ["127.0.0.0/8"]),
         "p-allow-other": ("allow", ["10.0.0.0/8", "2001:db8::/32"]),
         "p-deny-other": ("deny", ["10.0.0.0/8", "::1"]),
     }
-    for api_id, (mode, ip_list) in ip_rules.items():
-        estate.admin.add_policy(
-            f"ip-{api_id}",
-            "ip_filter",
-            {"mode": mode, "ip_list": ip_list},
-            tenant_id=TENANT,
-            targets=[api_id],
-        )
+    # (policy id, type, config, the API it targets)
+    rules = [
+        ("cors-app", "cors", CORS_CONFIG, "p-cors"),
+        ("rate-3", "rate_limit", {"maxRequests": RATE_MAX, "intervalSeconds": RATE_INTERVAL_S}, "p-rate"),
+        # A bucket that never refills during the test: only what was authorized can have spent it.
+        ("rate-2-hour", "rate_limit", {"maxRequests": 2, "intervalSeconds": 3600}, "p-rate-authz"),
+        *(
+            (f"ip-{api_id}", "ip_filter", {"mode": mode, "ip_list": ip_list}, api_id)
+            for api_id, (mode, ip_list) in ip_rules.items()
+        ),
+    ]
+    for policy_id, policy_type, config, api_id in rules:
+        estate.admin.add_policy(policy_id, policy_type, config, tenant_id=TENANT, targets=[api_id])
     estate.admin.wait_synced()
     return estate
 

@@ -24,27 +24,12 @@ def refusals(estate: Estate) -> Estate:
     up = estate.upstream
     estate.publish("ref-live", tenant_id=TENANT, upstream_url=f"{up.url}/live", methods=["GET"])
     # A policy of every supported type already on the route: a duplicate of each is a refusal.
-    estate.admin.add_policy(
-        "ref-cors",
-        "cors",
-        {"allowedOrigins": ["https://app.example.com"]},
-        tenant_id=TENANT,
-        targets=["ref-live"],
-    )
-    estate.admin.add_policy(
-        "ref-rate",
-        "rate_limit",
-        {"maxRequests": 100000, "intervalSeconds": 1},
-        tenant_id=TENANT,
-        targets=["ref-live"],
-    )
-    estate.admin.add_policy(
-        "ref-ip",
-        "ip_filter",
-        {"mode": "allow", "ip_list": ["127.0.0.0/8"]},
-        tenant_id=TENANT,
-        targets=["ref-live"],
-    )
+    for policy_id, policy_type, config in (
+        ("ref-cors", "cors", {"allowedOrigins": ["https://app.example.com"]}),
+        ("ref-rate", "rate_limit", {"maxRequests": 100000, "intervalSeconds": 1}),
+        ("ref-ip", "ip_filter", {"mode": "allow", "ip_list": ["127.0.0.0/8"]}),
+    ):
+        estate.admin.add_policy(policy_id, policy_type, config, tenant_id=TENANT, targets=["ref-live"])
     estate.admin.wait_synced()
     wait_serving(estate)
     return estate

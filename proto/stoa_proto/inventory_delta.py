@@ -184,19 +184,21 @@ def diff(old: inventory_pb2.Inventory, new: inventory_pb2.Inventory) -> inventor
     return delta
 
 
+# The lists keyed by (tenant_id, one member): a removal names both, in a message of its own.
+_TENANT_KEYED = {
+    "issuers": "issuer",
+    "tools": "name",
+    "consumers": "consumer_id",
+    "subscriptions": "subscription_id",
+}
+
+
 def removed_key(delta: inventory_pb2.InventoryDelta, name: str, key: object) -> None:
     """Record in `delta` that the element of list `name` with `key` is gone."""
-    if name == "issuers":
-        tenant_id, issuer = key  # type: ignore[misc]
-        delta.removed_issuers.add(tenant_id=tenant_id, issuer=issuer)
-    elif name == "tools":
-        tenant_id, tool = key  # type: ignore[misc]
-        delta.removed_tools.add(tenant_id=tenant_id, name=tool)
-    elif name == "consumers":
-        tenant_id, consumer_id = key  # type: ignore[misc]
-        delta.removed_consumers.add(tenant_id=tenant_id, consumer_id=consumer_id)
-    elif name == "subscriptions":
-        tenant_id, subscription_id = key  # type: ignore[misc]
-        delta.removed_subscriptions.add(tenant_id=tenant_id, subscription_id=subscription_id)
+    removals = getattr(delta, f"removed_{name}")
+    member = _TENANT_KEYED.get(name)
+    if member is None:
+        removals.append(key)
     else:
-        getattr(delta, f"removed_{name}").append(key)
+        tenant_id, value = key  # type: ignore[misc]
+        removals.add(tenant_id=tenant_id, **{member: value})

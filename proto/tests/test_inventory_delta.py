@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from stoa_proto import inventory_pb2
-from stoa_proto.inventory_delta import DeltaMismatch, Elements, diff, inventory_hash
+from stoa_proto.inventory_delta import LISTS, DeltaMismatch, Elements, diff, inventory_hash
 
 
 def inventory(
@@ -53,3 +53,22 @@ def test_a_delta_rebuilds_the_new_inventory_and_refuses_another_base_or_hash() -
     tampered.routes[0].upstream_url = "http://elsewhere"
     with pytest.raises(DeltaMismatch, match="hashes to"):
         Elements.of(old).apply(tampered)
+
+
+@pytest.mark.parametrize("name", LISTS)
+def test_a_delta_removing_every_element_of_one_list_rebuilds_the_new_inventory(name: str) -> None:
+    old = inventory(1, {"a": "http://x"}, ("p",))
+    old.tombstones.add(route_id="gone", generation=1)
+    old.tools.add(tenant_id="t", name="get_order")
+    old.consumers.add(tenant_id="t", consumer_id="c1")
+    old.subscriptions.add(tenant_id="t", subscription_id="s1", consumer_id="c1")
+    old.revoked_key_sha256.append("aa" * 32)
+    new = inventory_pb2.Inventory()
+    new.CopyFrom(old)
+    new.generation = 2
+    new.ClearField(name)
+    delta = diff(old, new)
+    assert len(getattr(delta, f"removed_{name}")) == 1
+    held = Elements.of(old)
+    held.apply(delta)
+    assert held.inventory() == Elements.of(new).inventory()

@@ -6,6 +6,9 @@ A key set is accepted when every key meant for verifying is a public RSA (2048 b
 for something else (`use` other than `sig`, `key_ops` without `verify`) are left aside. Symmetric
 keys, private key material and other curves are refused, so a key set the CP accepts never makes a
 site refuse its policy set.
+
+Also the other side, the Ed25519 keys STOA signs with (the CP its tool permissions, stoa-authz its
+identity envelope): one reader of their PEM files, and the public JWK a verifier pins.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from joserfc.errors import JoseError
 from joserfc.jwk import ECKey, OKPKey, RSAKey, import_key
 
@@ -137,3 +142,26 @@ def accept(document: object, *, needs_a_key: bool) -> dict[str, Any]:
         raise KeySetError("keys", "holds no key usable for verifying signatures")
     assert isinstance(document, dict)
     return document
+
+
+def signing_key(pem: bytes) -> OKPKey:
+    """The Ed25519 private key of an unencrypted PEM file; ValueError saying what else it is."""
+    try:
+        private = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ValueError("is not an unencrypted PEM private key") from exc
+    if not isinstance(private, Ed25519PrivateKey):
+        raise ValueError("is not an Ed25519 key")
+    return OKPKey.import_key(pem)
+
+
+def new_signing_key() -> bytes:
+    """A fresh Ed25519 private key, as the PEM `signing_key` reads."""
+    return Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def signing_jwk(key: OKPKey) -> dict[str, Any]:
+    """The public JWK of a signing key, with its kid (the RFC 7638 thumbprint): what a verifier pins."""
+    return {**key.as_dict(private=False), "kid": key.thumbprint(), "alg": "EdDSA", "use": "sig"}

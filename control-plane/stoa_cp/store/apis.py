@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -106,6 +107,28 @@ async def _read(conn: asyncpg.Connection, tenant_id: str, api_id: str, lock: boo
     if row is None:
         raise not_found("api_id", api_id)
     return row
+
+
+async def unknown(
+    conn: asyncpg.Connection, tenant_id: str, lists: Sequence[tuple[str, Sequence[str]]]
+) -> list[list[tuple[str, str]]]:
+    """For each `(field, api_ids)`, an error `(f"{field}[i]", message)` per id that is not an API of the
+    tenant (another tenant's API is as unknown as none); one query for all the lists."""
+    wanted = sorted({a for _, api_ids in lists for a in api_ids})
+    owned = {
+        row["api_id"]
+        for row in await conn.fetch(
+            "SELECT api_id FROM apis WHERE tenant_id = $1 AND api_id = ANY($2::text[])", tenant_id, wanted
+        )
+    }
+    return [
+        [
+            (f"{field}[{i}]", f"unknown api_id {a!r} for tenant {tenant_id!r}")
+            for i, a in enumerate(api_ids)
+            if a not in owned
+        ]
+        for field, api_ids in lists
+    ]
 
 
 async def check_room(

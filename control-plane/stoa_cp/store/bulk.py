@@ -141,21 +141,13 @@ async def _check_deployments(conn: asyncpg.Connection, tenant_id: str, body: Bul
             gateway_ids,
         )
     }
-    api_ids = sorted({a for _, _, g in groups for a in g.api_ids})
-    owned = {
-        row["api_id"]
-        for row in await conn.fetch(
-            "SELECT api_id FROM apis WHERE tenant_id = $1 AND api_id = ANY($2::text[])", tenant_id, api_ids
-        )
-    }
+    unknown_apis = await apis.unknown(
+        conn, tenant_id, [(f"{k}[{i}].api_ids", g.api_ids) for k, i, g in groups]
+    )
     errors: list[tuple[str, str]] = []
-    for kind, i, group in groups:
+    for (kind, i, group), unknown_in_group in zip(groups, unknown_apis, strict=True):
         if group.gateway_id not in found:
             errors.append((f"{kind}[{i}].gateway_id", f"unknown gateway_id {group.gateway_id!r}"))
-        errors.extend(
-            (f"{kind}[{i}].api_ids[{j}]", f"unknown api_id {a!r} for tenant {tenant_id!r}")
-            for j, a in enumerate(group.api_ids)
-            if a not in owned
-        )
+        errors.extend(unknown_in_group)
     if errors:
         raise Problem(404, "Not found", errors)

@@ -23,6 +23,7 @@ from stoa_cp.schemas import (
     TenantPolicyFields,
     TenantPolicyIn,
 )
+from stoa_cp.store import apis
 from stoa_cp.store.inventory import applicable
 from stoa_cp.store.publication import bump, tenant_gateways
 from stoa_cp.store.tenant_objects import GATEWAY, Kind, Objects, Services, Values
@@ -35,19 +36,7 @@ async def _check_targets(conn: asyncpg.Connection, tenant_id: str, body: TenantP
     stored state, so not the 422 of a malformed body; another tenant's API is as unknown as none)."""
     if body.scope != "api":
         return {}
-    owned = {
-        row["api_id"]
-        for row in await conn.fetch(
-            "SELECT api_id FROM apis WHERE tenant_id = $1 AND api_id = ANY($2::text[])",
-            tenant_id,
-            body.targets,
-        )
-    }
-    errors = [
-        (f"targets[{i}]", f"unknown api_id {t!r} for tenant {tenant_id!r}")
-        for i, t in enumerate(body.targets)
-        if t not in owned
-    ]
+    [errors] = await apis.unknown(conn, tenant_id, [("targets", body.targets)])
     if errors:
         raise Problem(404, "Not found", errors)
     return {}

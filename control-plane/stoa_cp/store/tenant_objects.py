@@ -12,7 +12,8 @@ hooks its own module gives.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -131,19 +132,6 @@ async def read(
     return row
 
 
-async def list_for(db: Database, kind: Kind[Out], owner_id: str) -> list[Out]:
-    async with db.connection() as conn:
-        rows = await conn.fetch(
-            f"{kind.select} WHERE {kind.owner.column} = $1 ORDER BY {kind.order or kind.key}", owner_id
-        )
-    return [kind.answer(row) for row in rows]
-
-
-async def get(db: Database, kind: Kind[Out], owner_id: str, object_id: str) -> Out:
-    async with db.connection() as conn:
-        return kind.answer(await read(conn, kind, owner_id, object_id))
-
-
 async def publish(
     conn: Connection, kind: Kind[Any], owner_id: str, reach: Reach, signer: tool_permissions.Signer | None
 ) -> None:
@@ -219,74 +207,14 @@ async def _written(
     return kind.answer(await read(conn, kind, owner_id, object_id))
 
 
-async def create(
-    db: Database,
-    kind: Kind[Out],
-    owner_id: str,
-    object_id: str,
-    body: Any,
-    signer: tool_permissions.Signer | None = None,
-) -> tuple[Out, bool]:
-    """The object, and whether this call created it (False: a repeatable create found it as asked)."""
+@contextlib.asynccontextmanager
+async def _held(
+    db: Database, kind: Kind[Any], owner_id: str, object_id: str
+) -> AsyncIterator[tuple[Connection, asyncpg.Record]]:
+    """A transaction holding the owner's lock, then the object's row as it stands (404 if none)."""
     async with db.transaction() as conn:
         await kind.owner.lock(conn, owner_id)
-        values = await _checked(conn, kind, owner_id, body)
-        if kind.repeatable:
-            replayed = await _replayed(conn, kind, owner_id, object_id, values)
-            if replayed is not None:
-                return replayed, False
-        await _insert(conn, kind, owner_id, object_id, values)
-        return await _written(conn, kind, owner_id, object_id, body, kind.created_reach, signer), True
-
-
-async def update(
-    db: Database,
-    kind: Kind[Out],
-    owner_id: str,
-    object_id: str,
-    body: Any,
-    signer: tool_permissions.Signer | None = None,
-) -> Out:
-    """Replace the object's fields; an unchanged body changes nothing (nothing re-published)."""
-    async with db.transaction() as conn:
-        await kind.owner.lock(conn, owner_id)
-        current = await read(conn, kind, owner_id, object_id, lock=True)
-        values = await _checked(conn, kind, owner_id, body)
-        if _unchanged(kind, current, values):
-            return kind.answer(current)
-        sets = [f"{column} = ${i}" for i, column in enumerate(values, start=3)]
-        if kind.stale_column:
-            sets.append(f"{kind.stale_column} = NULL")
-        if kind.set_on_replace:
-            sets.append(kind.set_on_replace)
-        await conn.execute(
-            f"UPDATE {kind.table} SET {', '.join(sets)}"  # noqa: S608
-            f" WHERE {kind.owner.column} = $1 AND {kind.key} = $2",
-            owner_id,
-            object_id,
-            *values.values(),
-        )
-        return await _written(conn, kind, owner_id, object_id, body, kind.reach, signer)
-
-
-async def delete(
-    db: Database,
-    kind: Kind[Any],
-    owner_id: str,
-    object_id: str,
-    signer: tool_permissions.Signer | None = None,
-) -> None:
-    async with db.transaction() as conn:
-        await kind.owner.lock(conn, owner_id)
-        await read(conn, kind, owner_id, object_id, lock=True)
-        if kind.deleting is not None:
-            await kind.deleting(conn, owner_id, object_id)
-        await conn.execute(
-            f"DELETE FROM {kind.table} WHERE {kind.owner.column} = $1 AND {kind.key} = $2",  # noqa: S608
-            owner_id,
-            object_id,
-        )
-        await publish(conn, kind, owner_id, kind.deleted_reach or kind.reach, signer)
+        yield conn, await read(conn, kind, owner_id, object_id, lock=True)
 
 
 @dataclass(frozen=True)
@@ -309,19 +237,65 @@ class Objects(Generic[Out]):
         return body if self.prepare is None else self.prepare(body, object_id, services)
 
     async def create(self, db: Database, services: Services, owner_id: str, body: Any) -> tuple[Out, bool]:
-        object_id = getattr(body, self.kind.key)
+        """The object, and whether this call created it (False: a repeatable create found it as asked)."""
+        kind = self.kind
+        object_id = getattr(body, kind.key)
         stored = self._prepared(body, object_id, services)
-        return await create(db, self.kind, owner_id, object_id, stored, services.signer)
+        async with db.transaction() as conn:
+            await kind.owner.lock(conn, owner_id)
+            values = await _checked(conn, kind, owner_id, stored)
+            if kind.repeatable:
+                replayed = await _replayed(conn, kind, owner_id, object_id, values)
+                if replayed is not None:
+                    return replayed, False
+            await _insert(conn, kind, owner_id, object_id, values)
+            written = await _written(
+                conn, kind, owner_id, object_id, stored, kind.created_reach, services.signer
+            )
+            return written, True
 
     async def list_for(self, db: Database, owner_id: str) -> list[Out]:
-        return await list_for(db, self.kind, owner_id)
+        kind = self.kind
+        async with db.connection() as conn:
+            rows = await conn.fetch(
+                f"{kind.select} WHERE {kind.owner.column} = $1 ORDER BY {kind.order or kind.key}", owner_id
+            )
+        return [kind.answer(row) for row in rows]
 
     async def get(self, db: Database, owner_id: str, object_id: str) -> Out:
-        return await get(db, self.kind, owner_id, object_id)
+        async with db.connection() as conn:
+            return self.kind.answer(await read(conn, self.kind, owner_id, object_id))
 
     async def update(self, db: Database, services: Services, owner_id: str, object_id: str, body: Any) -> Out:
+        """Replace the object's fields; an unchanged body changes nothing (nothing re-published)."""
+        kind = self.kind
         stored = self._prepared(body, object_id, services)
-        return await update(db, self.kind, owner_id, object_id, stored, services.signer)
+        async with _held(db, kind, owner_id, object_id) as (conn, current):
+            values = await _checked(conn, kind, owner_id, stored)
+            if _unchanged(kind, current, values):
+                return kind.answer(current)
+            sets = [f"{column} = ${i}" for i, column in enumerate(values, start=3)]
+            if kind.stale_column:
+                sets.append(f"{kind.stale_column} = NULL")
+            if kind.set_on_replace:
+                sets.append(kind.set_on_replace)
+            await conn.execute(
+                f"UPDATE {kind.table} SET {', '.join(sets)}"  # noqa: S608
+                f" WHERE {kind.owner.column} = $1 AND {kind.key} = $2",
+                owner_id,
+                object_id,
+                *values.values(),
+            )
+            return await _written(conn, kind, owner_id, object_id, stored, kind.reach, services.signer)
 
     async def delete(self, db: Database, services: Services, owner_id: str, object_id: str) -> None:
-        await delete(db, self.kind, owner_id, object_id, services.signer)
+        kind = self.kind
+        async with _held(db, kind, owner_id, object_id) as (conn, _):
+            if kind.deleting is not None:
+                await kind.deleting(conn, owner_id, object_id)
+            await conn.execute(
+                f"DELETE FROM {kind.table} WHERE {kind.owner.column} = $1 AND {kind.key} = $2",  # noqa: S608
+                owner_id,
+                object_id,
+            )
+            await publish(conn, kind, owner_id, kind.deleted_reach or kind.reach, services.signer)

@@ -8,7 +8,7 @@ import json
 import os
 import statistics
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +246,15 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
 
 
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines."""
+    return [
+        f"| {' | '.join(header)} |",
+        "|" + "---|" * len(header),
+        *(f"| {' | '.join(row)} |" for row in rows),
+    ]
+
+
 def summary_markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     lines = [
@@ -255,14 +264,19 @@ def summary_markdown(report: dict[str, Any]) -> str:
         f"{env['git_commit'][:12]}"
         f"{' (dirty tree)' if env['git_dirty'] else ''}; everything on 127.0.0.1; load from wrk.",
         "",
-        "| target | measured | bound | met |",
-        "|---|---|---|---|",
+        *_table(
+            ("target", "measured", "bound", "met"),
+            (
+                (
+                    t["label"],
+                    _fmt(t["measured"]),
+                    t["target"],
+                    "yes" if t["met"] else f"NO (missed by {_fmt(t['missed_by'])})",
+                )
+                for t in report["targets"]
+            ),
+        ),
     ]
-    for t in report["targets"]:
-        miss = "" if t["met"] else f" (missed by {_fmt(t['missed_by'])})"
-        lines.append(
-            f"| {t['label']} | {_fmt(t['measured'])} | {t['target']} | {'yes' if t['met'] else 'NO'}{miss} |"
-        )
     missed = [t for t in report["targets"] if not t["met"]]
     if missed:
         lines += ["", "Targets not met, and what the profiles show:", ""]
@@ -277,16 +291,13 @@ def summary_markdown(report: dict[str, Any]) -> str:
         f"Data path ({dp['connections']} connections, {dp['duration_s']:g} s x {dp['repetitions']}"
         " repetitions; min / median / max):",
         "",
-        "| variant | rps | x proxy-only | p50 ms | p99 ms | authz CPU µs/decision |",
-        "|---|---|---|---|---|---|",
+        *_variants(
+            dp["variants"],
+            ("variant", "x proxy-only", "authz CPU µs/decision"),
+            lambda s: _tri(s["ratio"]) if s.get("ratio") else "1",
+            lambda s: _tri(s["authz_cpu_us_per_decision"]) if s.get("authz_cpu_us_per_decision") else "—",
+        ),
     ]
-    for name, s in dp["variants"].items():
-        ratio = s.get("ratio")
-        cpu = s.get("authz_cpu_us_per_decision")
-        lines.append(
-            f"| {name} | {_tri(s['rps'])} | {_tri(ratio) if ratio else '1'} | {_tri(s['p50_ms'])} | "
-            f"{_tri(s['p99_ms'])} | {_tri(cpu) if cpu else '—'} |"
-        )
     if "consumers" in report:
         lines += ["", consumers_markdown(report["consumers"]).rstrip("\n")]
     proc = report["processing"]
@@ -303,15 +314,18 @@ def summary_markdown(report: dict[str, Any]) -> str:
         "",
         "Publication (CP API call returned → route answers 200 through Envoy):",
         "",
-        "| routes already published | p50 ms | p99 ms | n |",
-        "|---|---|---|---|",
-    ]
-    for count, p99 in pub["new_route_p99_ms"].items():
-        lines.append(
-            f"| {int(count):,} | {_fmt(pub['new_route_p50_ms'][count])} | {_fmt(p99)} | "
-            f"{len(pub['samples_ms'][count])} |"
-        )
-    lines += [
+        *_table(
+            ("routes already published", "p50 ms", "p99 ms", "n"),
+            (
+                (
+                    f"{int(count):,}",
+                    _fmt(pub["new_route_p50_ms"][count]),
+                    _fmt(p99),
+                    str(len(pub["samples_ms"][count])),
+                )
+                for count, p99 in pub["new_route_p99_ms"].items()
+            ),
+        ),
         "",
         "Full publication of 10,000 routes (deploy-all in one generation → SYNCED):"
         f" {pub['full_10000_s']:.2f} s"
@@ -342,15 +356,12 @@ def consumers_markdown(result: dict[str, Any]) -> str:
         f"Consumers (decided by the authorization service; {result['connections']} connections,"
         f" {result['duration_s']:g} s x {result['repetitions']} repetitions; min / median / max):",
         "",
-        "| route | rps | x plain JWT | p50 ms | p99 ms | authz CPU µs/Check |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, s in result["variants"].items():
-        lines.append(
-            f"| {name} | {_tri(s['rps'])} | {_tri(s['ratio_to_jwt'])} | {_tri(s['p50_ms'])} | "
-            f"{_tri(s['p99_ms'])} | {_tri(s['authz_cpu_us_per_decision'])} |"
-        )
-    lines += [
+        *_variants(
+            result["variants"],
+            ("route", "x plain JWT", "authz CPU µs/Check"),
+            lambda s: _tri(s["ratio_to_jwt"]),
+            lambda s: _tri(s["authz_cpu_us_per_decision"]),
+        ),
         "",
         f"Billed quota: {result['billed_added_p50_ms_one_conn']:.2f} ms added p50 at one connection."
         f" OPA decision: {result['opa_cpu_us_per_decision']:.0f} µs CPU in process"
@@ -363,6 +374,32 @@ def consumers_markdown(result: dict[str, Any]) -> str:
 
 def _tri(s: dict[str, float]) -> str:
     return f"{_fmt(s['min'])} / {_fmt(s['median'])} / {_fmt(s['max'])}"
+
+
+def _variants(
+    variants: dict[str, Any],
+    names: tuple[str, str, str],
+    ratio: Callable[[dict[str, Any]], str],
+    cpu: Callable[[dict[str, Any]], str],
+) -> list[str]:
+    """The table of a load scenario's variants: min / median / max of each figure over repetitions
+    (`names`: the variant column's, the ratio's and the CPU's)."""
+    first, ratio_name, cpu_name = names
+    return _table(
+        (first, "rps", ratio_name, "p50 ms", "p99 ms", cpu_name),
+        (
+            (f"{n}", _tri(s["rps"]), ratio(s), _tri(s["p50_ms"]), _tri(s["p99_ms"]), cpu(s))
+            for n, s in variants.items()
+        ),
+    )
+
+
+def _saved(fig: Any, out: Path, name: str) -> str:
+    """The figure written to `out/name` (and its memory freed): its name."""
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=100)
+    plt.close(fig)
+    return name
 
 
 def plots(report: dict[str, Any], out: Path) -> list[str]:
@@ -379,10 +416,7 @@ def plots(report: dict[str, Any], out: Path) -> list[str]:
     ax.set_ylabel("requests/s (median, min-max)")
     ax.set_title("Data path throughput")
     ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    fig.savefig(out / "data_path_rps.png", dpi=100)
-    plt.close(fig)
-    written.append("data_path_rps.png")
+    written.append(_saved(fig, out, "data_path_rps.png"))
 
     fig, ax = plt.subplots(figsize=(9, 4))
     for i, key in enumerate(("p50_ms", "p90_ms", "p99_ms")):
@@ -396,10 +430,7 @@ def plots(report: dict[str, Any], out: Path) -> list[str]:
     ax.set_ylabel("latency ms (median of repetitions)")
     ax.set_title("Data path latency")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "data_path_latency.png", dpi=100)
-    plt.close(fig)
-    written.append("data_path_latency.png")
+    written.append(_saved(fig, out, "data_path_latency.png"))
 
     pub = report["publication"]
     counts = list(pub["samples_ms"])
@@ -410,10 +441,7 @@ def plots(report: dict[str, Any], out: Path) -> list[str]:
     ax.set_ylabel("ms to serving")
     ax.set_title("New route: CP API call → 200 through Envoy")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "publication.png", dpi=100)
-    plt.close(fig)
-    written.append("publication.png")
+    written.append(_saved(fig, out, "publication.png"))
     return written
 
 

@@ -23,7 +23,7 @@ from google.protobuf import message, wrappers_pb2
 from stoa_proto import inventory_pb2
 
 from stoa_translate.filters import COMPRESSOR_FILTER, packed
-from stoa_translate.policies.kind import ConfigError, PolicyKind
+from stoa_translate.policies.kind import ConfigError, PolicyKind, mirrored
 
 # The order of the instances in the chain (which does not decide between them: the client does).
 ALGORITHMS = ("zstd", "br", "gzip")
@@ -67,7 +67,7 @@ def parse(policy_id: str, config: inventory_pb2.CompressionPolicy) -> Compressio
 
 
 def normalised(rules: Compression) -> inventory_pb2.CompressionPolicy:
-    return inventory_pb2.CompressionPolicy(algorithms=rules.algorithms, min_bytes=rules.min_bytes)
+    return mirrored(rules, inventory_pb2.CompressionPolicy)
 
 
 def _compressor(algorithm: str, min_bytes: int) -> compressor_pb2.Compressor:

@@ -16,7 +16,7 @@ from stoa_proto import inventory_pb2
 
 from stoa_translate import fields
 from stoa_translate.filters import CORS_FILTER
-from stoa_translate.policies.kind import ConfigError, PolicyKind
+from stoa_translate.policies.kind import ConfigError, PolicyKind, mirrored
 
 _EXACT_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:\d{1,5})?$|^https?://\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
 # Any subdomain of a domain of at least two labels, at any depth.
@@ -71,14 +71,7 @@ def parse(policy_id: str, config: inventory_pb2.CorsPolicy) -> Cors:
 
 
 def normalised(cors: Cors) -> inventory_pb2.CorsPolicy:
-    return inventory_pb2.CorsPolicy(
-        allowed_origins=cors.allowed_origins,
-        allowed_methods=cors.allowed_methods,
-        allowed_headers=cors.allowed_headers,
-        expose_headers=cors.expose_headers,
-        max_age=cors.max_age,
-        allow_credentials=cors.allow_credentials,
-    )
+    return mirrored(cors, inventory_pb2.CorsPolicy)
 
 
 def listener_filter() -> message.Message:

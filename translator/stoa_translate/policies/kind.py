@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import json_format, message
 from google.protobuf.descriptor import FieldDescriptor
 
 from stoa_translate.policies.limits import DEFAULT_LIMITS, ListLimits, bound
 
+M = TypeVar("M", bound=message.Message)
 MAX_UINT32 = 2**32 - 1
 # Bound on each text entry of a config; counts of lists are `limits.ListLimits`.
 MAX_TEXT = 256
@@ -80,6 +82,12 @@ class PolicyKind:
         if self.route_configs is not None:
             return self.route_configs(route_id, ir)
         return {} if self.route_config is None else {self.filter_name: self.route_config(route_id, ir)}
+
+
+def mirrored(ir: Any, typed: type[M]) -> M:
+    """The normal form of a kind whose IR holds its message's fields by the same names (and the policy
+    id): the IR's values in a new `typed` message."""
+    return typed(**{f.name: getattr(ir, f.name) for f in dataclasses.fields(ir) if f.name != "policy_id"})
 
 
 def read_config(kind: PolicyKind, config: object, limits: ListLimits = DEFAULT_LIMITS) -> message.Message:

@@ -13,7 +13,7 @@ from google.protobuf import duration_pb2, message, wrappers_pb2
 from stoa_proto import inventory_pb2
 
 from stoa_translate.filters import RATE_LIMIT_FILTER
-from stoa_translate.policies.kind import ConfigError, PolicyKind
+from stoa_translate.policies.kind import ConfigError, PolicyKind, mirrored
 
 _ALL = base_pb2.RuntimeFractionalPercent(
     default_value=percent_pb2.FractionalPercent(
@@ -38,9 +38,7 @@ def parse(policy_id: str, config: inventory_pb2.RateLimitPolicy) -> RateLimit:
 
 
 def normalised(limit: RateLimit) -> inventory_pb2.RateLimitPolicy:
-    return inventory_pb2.RateLimitPolicy(
-        max_requests=limit.max_requests, interval_seconds=limit.interval_seconds
-    )
+    return mirrored(limit, inventory_pb2.RateLimitPolicy)
 
 
 def listener_filter() -> message.Message:

@@ -17,7 +17,7 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from stoa_proto import proc_pb2
 
 from stoa_translate.filters import EXT_PROC_FILTER, PROC_ROUTE_METADATA, ext_proc_filter
-from stoa_translate.policies.kind import ConfigError, PolicyKind
+from stoa_translate.policies.kind import ConfigError, PolicyKind, mirrored
 
 PER = ("consumer", "tenant")
 # Reserved for a request without max_tokens when the policy names no default.
@@ -39,13 +39,7 @@ class TokenBudget:
         return 0
 
     def config(self) -> proc_pb2.TokenBudget:
-        return proc_pb2.TokenBudget(
-            tokens=self.tokens,
-            window_seconds=self.window_seconds,
-            billed=self.billed,
-            per=self.per,
-            default_max_tokens=self.default_max_tokens,
-        )
+        return mirrored(self, proc_pb2.TokenBudget)
 
     def message(self) -> proc_pb2.TokenBudgetRule:
         return proc_pb2.TokenBudgetRule(policy_id=self.policy_id, budget=self.config())
