@@ -150,8 +150,9 @@ class ScriptedCP(ServedByThread):
             return
         gateway_id, endpoint = parts[2], parts[3]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        token = headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not token or not hmac.compare_digest(token, self.credential):
+        # The scheme is part of the contract: a bare credential is refused like a wrong one.
+        authorization = headers.get("authorization", "")
+        if not hmac.compare_digest(authorization.encode(), f"Bearer {self.credential}".encode()):
             await _reply(send, 401, {"title": "Unauthorized"})
             return
         if gateway_id != self.gateway_id:

@@ -75,6 +75,7 @@ def test_snapshot_envoy_rejects_is_nacked_reported_failed_and_old_config_serves(
     sent = ads_site.cp.wait_report(generation, "FAILED", timeout=10)
     assert sent["reason"] == "NACK"
     assert detail_fragment in sent["detail"].lower()
+    assert [int(r["generation"]) for r in ads_site.cp.reports()].count(generation) == 1
     # The previous snapshot is back everywhere and still serves; the rejected route does not exist.
     envoy = ads_site.own_envoy
     wait_until(
