@@ -109,6 +109,12 @@ def streams_started(estate: Estate) -> int:
     return estate.envoy.counters(r"ext_proc\..*streams_started$")
 
 
+def model_requests_started(estate: Estate) -> int:
+    """Requests Envoy began to the model (headers sent), whether or not their body followed."""
+    port = httpx.URL(estate.llm.url).port
+    return estate.envoy.counters(rf"cluster\.backend_http_127\.0\.0\.1_{port}\.upstream_rq_total$")
+
+
 def test_a_clean_request_and_answer_pass_and_only_guarded_routes_open_a_stream(estate: Estate) -> None:
     before = streams_started(estate)
     response = chat(estate, ask("hi"))
@@ -122,6 +128,7 @@ def test_a_clean_request_and_answer_pass_and_only_guarded_routes_open_a_stream(e
 
 def test_request_guardrails_and_bypasses(estate: Estate) -> None:
     logged_before = len(estate.site.proc_events("ext_proc_decision"))
+    started = model_requests_started(estate)
     full_width = "".join(chr(ord(c) + 0xFEE0) for c in "forbidden")
     cases = [
         (ask("tell me about the FORBIDDEN fruit"), 403, PROC_BODIES["guardrail_blocked"]),
@@ -146,15 +153,20 @@ def test_request_guardrails_and_bypasses(estate: Estate) -> None:
         "path": "$.messages[1]",
     }
     assert estate.llm.requests() == [], "a refused request reached the model"
+    # Not even its headers: the route sends the processor the body alone, and Envoy holds the
+    # headers until the processor has let the body through.
+    assert model_requests_started(estate) == started
+    assert chat(estate, ask("hello")).status_code == 200
+    assert model_requests_started(estate) == started + 1
 
     # Each refusal is one decision event with its closed reason, and no body content.
     # The service writes its log in batches, a moment after it answers (an earlier test's event may
-    # come after this test began): wait for this test's seven events, its last one included.
+    # come after this test began): wait for this test's eight events, its last one included.
     def logged() -> list[dict]:
         return estate.site.proc_events("ext_proc_decision")[logged_before:]  # type: ignore[union-attr]
 
     events = wait_until(
-        lambda: (e := logged()) and any(x["reason"] == "schema_invalid" for x in e) and len(e) >= 7 and e,
+        lambda: (e := logged()) and any(x["reason"] == "schema_invalid" for x in e) and len(e) >= 8 and e,
         10,
         "decision events",
     )
@@ -162,6 +174,8 @@ def test_request_guardrails_and_bypasses(estate: Estate) -> None:
     assert reasons.count("guardrail_blocked") == 3
     assert reasons.count("schema_invalid") == 1
     assert not any(SECRET in json.dumps(e) for e in events)
+    # The request id Envoy gave each exchange, from the body message's attributes.
+    assert all(len(e["request_id"]) == 36 for e in events[-8:])
 
 
 def test_compressed_request_is_inspected_and_a_bomb_is_413(estate: Estate) -> None:

@@ -43,11 +43,13 @@ from stoa_translate.filters import (
     EXT_PROC_DISABLED,
     EXT_PROC_FILTER,
     JWT_AUTHN_FILTER,
+    PROCESSED_BUFFER_FILTER,
     REQUEST_RBAC_FILTER,
     buffer_route,
     ext_authz_route,
     merge_ext_proc_routes,
     packed,
+    processed_buffer_route,
     virtual_host_configs,
 )
 from stoa_translate.ir import MCP_KIND, RouteIR, SiteIR
@@ -261,6 +263,8 @@ def per_route_configs(route: RouteIR, options: TranslateOptions, processing: boo
     buffered = route.request_buffer_bytes()
     if buffered is not None:
         kinds[BUFFER_FILTER] = buffer_route(buffered)
+        if route.skips_request_headers():
+            kinds[PROCESSED_BUFFER_FILTER] = processed_buffer_route(buffered)
     configs.update((name, packed(config)) for name, config in kinds.items())
     return configs
 
