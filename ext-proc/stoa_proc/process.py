@@ -3,7 +3,7 @@
 Envoy opens a stream only on routes with a body policy; the route names itself and the policy-set
 version it was built with in the stream's metadata. Request: headers (a declared size over the limit
 is refused at once, before any body is read), then the buffered body (size, decode, inspect,
-redact, edit, then reserve tokens). A route whose processing needs only the body sends no headers
+redact, edit, then reserve tokens). A route whose processing only inspects the body sends no headers
 message: the body message's attributes carry the content type, encoding and request id
 (`stoa_proto.processing`), and Envoy's buffer filter has refused a body over the limit before.
 Response: headers (a server-sent event stream switches the body to streamed mode), then the body,
@@ -90,6 +90,8 @@ class Exchange:
     settled: bool = False
     # The response body comes chunk by chunk (a server-sent event stream switched to streamed mode).
     streamed_response: bool = False
+    # The stream carried the request-headers message (a route that only inspects skips it).
+    request_headers_sent: bool = False
     request_type: str = ""
     request_encoding: str = ""
     response_type: str = ""
@@ -153,6 +155,7 @@ class Exchange:
 
     def request_headers(self, message: HttpHeaders) -> ProcessingResponse:
         headers = _headers(message, _REQUEST_HEADERS)
+        self.request_headers_sent = True
         self.request_id = headers.get("x-request-id", "")
         if self.route is None:
             # Which reason was decided when the stream opened; the first message carries it out.
@@ -294,6 +297,10 @@ class Exchange:
                 self.settle()
         if replaced is None:
             return respond.proceed_body(request)
+        if request and encoding and not self.request_headers_sent:
+            # Envoy edits only headers the service was sent: the plain body would keep its
+            # content-encoding. The translator sends the headers wherever a body may be rewritten.
+            raise Deny(Reason.INTERNAL_ERROR)
         return respond.replace_body(request, replaced, whole=True)
 
     def _read_usage(self, data: bytes) -> None:

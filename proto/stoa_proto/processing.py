@@ -1,8 +1,8 @@
 """What Envoy's ext_proc filter tells the processing service besides the HTTP messages themselves:
 shared by the translator (which configures the filter) and the service (which reads it).
 
-A route whose processing needs only the buffered request body skips the request-headers message (one
-message per exchange instead of two); what the service reads of the request's headers then comes as
+A route whose processing only inspects the buffered request body skips the request-headers message
+(one message per exchange instead of two); what the service reads of the request's headers then comes as
 request attributes, CEL expressions Envoy evaluates once per stream and sends, under the filter's
 name, with the first message of the stream (`ProcessingRequest.attributes`). An absent header is an
 absent attribute; a repeated one is its values joined by commas.

@@ -86,8 +86,8 @@ HTTP_FILTER_ORDER: tuple[tuple[str, str], ...] = (
         PROCESSED_BUFFER_FILTER,
         "after the processor, on routes that skip the request-headers message (the processor then "
         "lets the headers through at once): holds them until the processor has let the body through, "
-        "so the upstream gets nothing of a refused request, and sets content-length to the body the "
-        "processor passed (the processor cannot edit headers it never saw; Envoy drops the client's)",
+        "so the upstream gets nothing of a refused request, and sets content-length again (Envoy "
+        "drops it on such a route)",
     ),
     (ROUTER_FILTER, "last: forwards to the upstream"),
 )
@@ -201,19 +201,6 @@ def buffer_route(max_request_bytes: int) -> buffer_pb2.BufferPerRoute:
             max_request_bytes=wrappers_pb2.UInt32Value(value=max_request_bytes or PROC_DEFAULT_MAX_BODY_BYTES)
         )
     )
-
-
-# Room above the route's body limit for what the processor passes on: a redaction (`[redacted]` is
-# longer than the shortest e-mail address) or a JSON edit may lengthen the body.
-PROCESSED_BODY_GROWTH = 2
-PROCESSED_BODY_MARGIN_BYTES = 64 * 1024
-
-
-def processed_buffer_route(max_request_bytes: int) -> buffer_pb2.BufferPerRoute:
-    """The buffer after the processor on a route whose request limit is `max_request_bytes` (0: the
-    default); past its own limit the body the processor passed is a 413, never a pass."""
-    limit = max_request_bytes or PROC_DEFAULT_MAX_BODY_BYTES
-    return buffer_route(limit * PROCESSED_BODY_GROWTH + PROCESSED_BODY_MARGIN_BYTES)
 
 
 def router_filter() -> message.Message:

@@ -110,7 +110,7 @@ class RouteIR:
         return min(named) if named else 0
 
     def skips_request_headers(self) -> bool:
-        """Whether the route's processing needs only the buffered request body: no kind of it needs
+        """Whether the route's processing only inspects the buffered request body: no kind of it needs
         the request-headers message (each kind's mode says the same; their merge keeps it skipped
         only then)."""
         kinds = [ir for name, ir in self.policies if name in PROCESSING_KINDS]

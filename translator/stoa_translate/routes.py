@@ -49,7 +49,6 @@ from stoa_translate.filters import (
     ext_authz_route,
     merge_ext_proc_routes,
     packed,
-    processed_buffer_route,
     virtual_host_configs,
 )
 from stoa_translate.ir import MCP_KIND, RouteIR, SiteIR
@@ -264,7 +263,8 @@ def per_route_configs(route: RouteIR, options: TranslateOptions, processing: boo
     if buffered is not None:
         kinds[BUFFER_FILTER] = buffer_route(buffered)
         if route.skips_request_headers():
-            kinds[PROCESSED_BUFFER_FILTER] = processed_buffer_route(buffered)
+            # The body it passes is the one inspected (such a route never rewrites it): same limit.
+            kinds[PROCESSED_BUFFER_FILTER] = buffer_route(buffered)
     configs.update((name, packed(config)) for name, config in kinds.items())
     return configs
 

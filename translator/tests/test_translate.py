@@ -596,29 +596,33 @@ def _ext_proc_and_buffers(entry: route_components_pb2.Route) -> tuple[str, bool]
     return mode, PROCESSED_BUFFER_FILTER in entry.typed_per_filter_config
 
 
-def test_a_route_whose_processing_needs_only_the_request_body_skips_the_headers_message() -> None:
-    guard = {"blockPatterns": ["forbidden"]}
+def test_a_route_whose_processing_only_inspects_the_request_body_skips_the_headers_message() -> None:
+    guard = {"blockPatterns": ["forbidden"], "pii": {"kinds": ["email"], "action": "block"}}
     policies = [
-        # The body alone: guardrails on the request, JSON edits of the request, the two together.
+        # Inspected only: on the request, or on both directions.
         policy("g", "guardrails", guard, ["r0", "r2", "r3"]),
-        policy("t", "transform", {"request": {"json": [{"op": "remove", "path": "/user"}]}}, ["r1", "r2"]),
-        # Kinds that need the headers message keep it for the whole route: a budget's consumer, a
-        # header edit, and response guardrails alone (the headers open the stream).
-        policy("b", "token_budget", {"tokens": 100, "windowSeconds": 60, "per": "tenant"}, ["r3"]),
-        policy("h", "transform", {"request": {"headers": {"set": {"x-tier": "gold"}}}}, ["r4"]),
+        policy("o", "guardrails", {**guard, "direction": "both"}, ["r1"]),
+        # What needs the headers message keeps it for the whole route: a budget's consumer, a body a
+        # redaction or a JSON edit may rewrite (an encoded one loses its content-encoding), and
+        # response guardrails alone (the headers open the stream).
+        policy("b", "token_budget", {"tokens": 100, "windowSeconds": 60, "per": "tenant"}, ["r2"]),
+        policy("t", "transform", {"request": {"json": [{"op": "remove", "path": "/user"}]}}, ["r3"]),
+        policy("r", "guardrails", {"pii": {"kinds": ["email"], "action": "redact"}}, ["r4"]),
+        policy("s", "guardrails", {**guard, "direction": "response"}, ["r5"]),
     ]
-    routes = [route(f"r{i}", methods=["POST"]) for i in range(5)]
+    routes = [route(f"r{i}", methods=["POST"]) for i in range(6)]
     snapshot = translate(inventory(routes, policies=policies), OPTIONS)
     chosen = {entry.name.split(":")[0]: _ext_proc_and_buffers(entry) for entry in entries(snapshot)}
     assert chosen == {
         "r0": ("SKIP", True),
         "r1": ("SKIP", True),
-        "r2": ("SKIP", True),
+        "r2": ("SEND", False),
         "r3": ("SEND", False),
         "r4": ("SEND", False),
+        "r5": ("SEND", False),
     }
     names = [f.name for f in http_manager(snapshot).http_filters]
     assert names.index(EXT_PROC_FILTER) + 1 == names.index(PROCESSED_BUFFER_FILTER)
     # No route skips the headers message: no buffer after the processor on the listener.
-    only_budget = translate(inventory(routes, policies=policies[2:]), OPTIONS)
-    assert PROCESSED_BUFFER_FILTER not in [f.name for f in http_manager(only_budget).http_filters]
+    none_skips = translate(inventory(routes, policies=policies[2:]), OPTIONS)
+    assert PROCESSED_BUFFER_FILTER not in [f.name for f in http_manager(none_skips).http_filters]

@@ -1,11 +1,11 @@
 """guardrails → the processing service (`envoy.filters.http.ext_proc`), on the routes it applies to.
 
 The listener's ext_proc filter is inert (every phase skipped: no stream is opened); a guarded route
-switches on the phases its direction needs: the buffered request body (its headers' content type,
-encoding and request id as attributes, no request-headers message), response headers and the
-buffered response body (the service turns a server-sent event stream into streamed mode itself).
-The rules travel to the service in its policy set (`stoa.proc.v1.Guardrails`); the route only names
-itself in the stream's metadata.
+switches on the phases its direction needs: the buffered request body (when the route only inspects
+it, without the request-headers message: its content type, encoding and request id come as
+attributes), response headers and the buffered response body (the service turns a server-sent event
+stream into streamed mode itself). The rules travel to the service in its policy set
+(`stoa.proc.v1.Guardrails`); the route only names itself in the stream's metadata.
 """
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ class Guardrails:
 
     @property
     def sends_request_headers(self) -> bool:
-        """Whether the service needs the request-headers message: only to open the stream when no
-        request body is inspected (the attributes of the body message carry what it reads)."""
-        return self.direction == "response"
+        """Whether the service needs the request-headers message: to open the stream when no request
+        body is inspected, or because a redaction may rewrite the body (an encoded one is re-sent
+        plain, `content-encoding` removed, and Envoy edits only headers the service was sent). A
+        route that only inspects reads the type and encoding from the body message's attributes."""
+        return self.direction == "response" or self.pii_action == "redact"
 
     def message(self) -> proc_pb2.Guardrails:
         rules = proc_pb2.Guardrails(

@@ -2,8 +2,7 @@
 bodies edited by JSON pointer (`set`, `remove`, `rename`), on requests and on responses.
 
 Like guardrails, the route switches on only the phases its edits need: the headers of a side with
-header edits, the buffered body of a side with JSON edits (request JSON edits alone: no request-headers
-message, the content type comes as an attribute of the body message). The edits travel to the service in its
+header edits, the buffered body of a side with JSON edits. The edits travel to the service in its
 policy set (`stoa.proc.v1.Transform`).
 """
 
@@ -61,9 +60,10 @@ class Transform:
 
     @property
     def sends_request_headers(self) -> bool:
-        """Whether the service needs the request-headers message: to edit them, or to open the stream
-        when the request body is not edited (the attributes of the body message carry its type)."""
-        return bool(self.request.set_headers or self.request.remove_headers) or not self.request.json
+        # Always: to edit them, to open the stream, or because a JSON edit rewrites the body (an
+        # encoded one is re-sent plain, `content-encoding` removed: Envoy edits only headers the
+        # service was sent).
+        return True
 
     def message(self) -> proc_pb2.Transform:
         rules = proc_pb2.Transform()
@@ -120,7 +120,7 @@ def normalised(rules: Transform) -> proc_pb2.Transform:
 def processing_mode(rules: Transform) -> ProcessingMode:
     response = not rules.response.empty
     return ProcessingMode(
-        request_header_mode=ProcessingMode.SEND if rules.sends_request_headers else ProcessingMode.SKIP,
+        request_header_mode=ProcessingMode.SEND,
         request_body_mode=ProcessingMode.BUFFERED if rules.request.json else ProcessingMode.NONE,
         response_header_mode=ProcessingMode.SEND if response else ProcessingMode.SKIP,
         response_body_mode=ProcessingMode.BUFFERED if rules.response.json else ProcessingMode.NONE,
