@@ -3,9 +3,12 @@
 Envoy opens a stream only on routes with a body policy; the route names itself and the policy-set
 version it was built with in the stream's metadata. Request: headers (a declared size over the limit
 is refused at once, before any body is read), then the buffered body (size, decode, inspect,
-redact, edit, then reserve tokens). Response: headers (a server-sent event stream switches the body
-to streamed mode), then the body, buffered or event by event (inspect, edit, settle tokens). Any
-denial ends the exchange with an immediate response; anything unforeseen is a 503, never a pass.
+redact, edit, then reserve tokens). A route whose processing only inspects the body sends no headers
+message: the body message's attributes carry the content type, encoding and request id
+(`stoa_proto.processing`), and Envoy's buffer filter has refused a body over the limit before.
+Response: headers (a server-sent event stream switches the body to streamed mode), then the body,
+buffered or event by event (inspect, edit, settle tokens). Any denial ends the exchange with an
+immediate response; anything unforeseen is a 503, never a pass.
 
 A message of an exchange with a token budget may wait on PostgreSQL: it is handled on a worker
 thread, so the event loop keeps serving every other stream meanwhile.
@@ -27,7 +30,9 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
     ProcessingRequest,
     ProcessingResponse,
 )
+from google.protobuf.struct_pb2 import Struct
 from stoa_ops.logs import DecisionPlace
+from stoa_proto import processing
 from stoa_proto.decisions import CONSUMER_HEADER
 from stoa_quota import Reservation
 
@@ -85,6 +90,8 @@ class Exchange:
     settled: bool = False
     # The response body comes chunk by chunk (a server-sent event stream switched to streamed mode).
     streamed_response: bool = False
+    # The stream carried the request-headers message (a route that only inspects skips it).
+    request_headers_sent: bool = False
     request_type: str = ""
     request_encoding: str = ""
     response_type: str = ""
@@ -103,8 +110,13 @@ class Exchange:
 
     def handle(self, request: ProcessingRequest) -> ProcessingResponse:
         phase = request.WhichOneof("request")
+        if processing.ATTRIBUTES_KEY in request.attributes:  # the first message of a stream, if any
+            self.request_attributes(request.attributes[processing.ATTRIBUTES_KEY])
         if phase == "request_headers":
             return self.request_headers(request.request_headers)
+        if self.route is None:
+            # Which reason was decided when the stream opened; the first message carries it out.
+            raise Deny(self.outcome)
         if phase == "request_body":
             return self.body(request.request_body.body, request.request_body.end_of_stream, request=True)
         if phase == "response_headers":
@@ -129,8 +141,21 @@ class Exchange:
             return None
         return guardrails
 
+    def request_attributes(self, attributes: Struct) -> None:
+        """What a stream without the request-headers message knows of them (a headers message, when
+        one follows, is read as well)."""
+        fields = attributes.fields
+        for name, attribute in (
+            ("request_id", processing.REQUEST_ID),
+            ("request_type", processing.CONTENT_TYPE),
+            ("request_encoding", processing.CONTENT_ENCODING),
+        ):
+            if attribute in fields:
+                setattr(self, name, fields[attribute].string_value)
+
     def request_headers(self, message: HttpHeaders) -> ProcessingResponse:
         headers = _headers(message, _REQUEST_HEADERS)
+        self.request_headers_sent = True
         self.request_id = headers.get("x-request-id", "")
         if self.route is None:
             # Which reason was decided when the stream opened; the first message carries it out.
@@ -272,6 +297,10 @@ class Exchange:
                 self.settle()
         if replaced is None:
             return respond.proceed_body(request)
+        if request and encoding and not self.request_headers_sent:
+            # Envoy edits only headers the service was sent: the plain body would keep its
+            # content-encoding. The translator sends the headers wherever a body may be rewritten.
+            raise Deny(Reason.INTERNAL_ERROR)
         return respond.replace_body(request, replaced, whole=True)
 
     def _read_usage(self, data: bytes) -> None:

@@ -22,7 +22,7 @@ from stoa_proc.ads import TYPE_URL, subscribe
 from stoa_proc.log import DecisionLog
 from stoa_proc.policy import PolicyStore, compile_policy_set
 from stoa_proc.process import ROUTE_METADATA, VERSION_METADATA, ProcessingService
-from stoa_proto import proc_pb2
+from stoa_proto import proc_pb2, processing
 from stoa_proto.bodies import PROC_BODIES
 from stoa_translate.policies import KINDS
 
@@ -105,6 +105,23 @@ def request(body: bytes, **values: str) -> list[ProcessingRequest]:
     ]
 
 
+def body_only(body: bytes, **values: str) -> list[ProcessingRequest]:
+    """What Envoy sends on a route that skips the request-headers message: the buffered body alone,
+    what the service reads of the headers as the stream's request attributes."""
+    attributes = struct_pb2.Struct()
+    names = {"content_type": processing.CONTENT_TYPE, "content_encoding": processing.CONTENT_ENCODING}
+    attributes.update({names.get(k, processing.REQUEST_ID): v for k, v in values.items()})
+    message = ProcessingRequest(request_body=HttpBody(body=body, end_of_stream=True))
+    message.attributes[processing.ATTRIBUTES_KEY].CopyFrom(attributes)
+    return [message]
+
+
+SHAPES = {
+    "headers and body": lambda body, **values: request(body, **values),
+    "body alone": lambda body, **values: body_only(body, content_type="application/json", **values),
+}
+
+
 async def test_declared_size_over_the_limit_is_413_at_the_headers(processor) -> None:
     stub, _ = processor
     answers = await exchange(stub, request(b"{}", content_length=str(LIMIT + 1)))
@@ -114,12 +131,20 @@ async def test_declared_size_over_the_limit_is_413_at_the_headers(processor) -> 
     assert immediate.body == PROC_BODIES["too_large"]
 
 
-async def test_clean_body_continues_and_redaction_fixes_the_headers(processor) -> None:
+@pytest.mark.parametrize("shape", SHAPES)
+async def test_clean_body_continues(processor, shape: str) -> None:
     stub, _ = processor
-    clean = await exchange(stub, request(b'{"n":1,"q":"hi"}'))
-    assert clean[0].HasField("request_headers")
-    assert not clean[1].request_body.response.HasField("body_mutation")
+    clean = await exchange(stub, SHAPES[shape](b'{"n":1,"q":"hi"}'))
+    assert clean[-1].HasField("request_body")
+    assert not clean[-1].request_body.response.HasField("body_mutation")
+    # The encoding, from the headers or from the attributes, is undone for inspection.
+    compressed = gzip.compress(b'{"q":"the forbidden fruit"}')
+    answers = await exchange(stub, SHAPES[shape](compressed, content_encoding="gzip"))
+    assert answers[-1].immediate_response.status.code == 403
 
+
+async def test_redaction_fixes_the_headers(processor) -> None:
+    stub, _ = processor
     compressed = gzip.compress(b'{"q":"mail bob@example.com"}')
     answers = await exchange(stub, request(compressed, content_encoding="gzip"))
     common = answers[1].request_body.response
@@ -129,6 +154,10 @@ async def test_clean_body_continues_and_redaction_fixes_the_headers(processor) -
     assert [(h.header.key, h.header.raw_value) for h in mutation.set_headers] == [
         ("content-length", str(len(common.body_mutation.body)).encode())
     ]
+    # Without the headers message Envoy would keep the content-encoding of a body re-sent plain:
+    # refused, never passed mislabelled (the translator sends the headers where a body may change).
+    answers = await exchange(stub, body_only(compressed, content_encoding="gzip"))
+    assert answers[0].immediate_response.status.code == 503
 
 
 @pytest.mark.parametrize(
@@ -141,9 +170,10 @@ async def test_clean_body_continues_and_redaction_fixes_the_headers(processor) -
         (b'{"n":', 400, "bad_request"),
     ],
 )
-async def test_denials(processor, body: bytes, status: int, error: str) -> None:
+@pytest.mark.parametrize("shape", SHAPES)
+async def test_denials(processor, body: bytes, status: int, error: str, shape: str) -> None:
     stub, _ = processor
-    answers = await exchange(stub, request(body))
+    answers = await exchange(stub, SHAPES[shape](body))
     immediate = answers[-1].immediate_response
     assert immediate.status.code == status
     assert json.loads(immediate.body)["error"] == error
@@ -151,17 +181,31 @@ async def test_denials(processor, body: bytes, status: int, error: str) -> None:
         assert json.loads(immediate.body)["path"] == "$.n"
 
 
-async def test_unknown_version_is_503_and_unknown_route_403(processor) -> None:
+@pytest.mark.parametrize("shape", SHAPES)
+async def test_unknown_version_is_503_and_unknown_route_403(processor, shape: str) -> None:
     stub, _ = processor
-    answers = await exchange(stub, request(b"{}"), version="v-unknown")
+    # Refused at the first message, whichever it is: never a body passed for want of rules.
+    answers = await exchange(stub, SHAPES[shape](b"{}"), version="v-unknown")
     immediate = answers[0].immediate_response
     assert immediate.status.code == 503
     assert [(h.header.key, h.header.raw_value) for h in immediate.headers.set_headers][1] == (
         "retry-after",
         b"1",
     )
-    answers = await exchange(stub, request(b"{}"), route="other")
+    answers = await exchange(stub, SHAPES[shape](b"{}"), route="other")
     assert answers[0].immediate_response.status.code == 403
+
+
+def test_a_body_alone_takes_the_request_id_and_type_from_its_attributes() -> None:
+    store = PolicyStore()
+    store.add(compile_policy_set(policy_set(), LIMIT))
+    service = ProcessingService(store, DecisionLog(), max_ratio=20, max_body_bytes=LIMIT)
+    exchange = service.open({ROUTE_METADATA: "chat", VERSION_METADATA: "v1"})
+    [message] = body_only(b"mail bob@example.com", x_request_id="rid-1", content_type="text/plain")
+    answer = exchange.handle(message)
+    assert (exchange.request_id, exchange.request_type) == ("rid-1", "text/plain")
+    # Inspected as the plain text it says it is (JSON would not parse).
+    assert answer.request_body.response.body_mutation.body == b"mail [redacted]"
 
 
 async def test_event_stream_switches_to_streamed_and_is_cut_at_the_pattern(processor) -> None:

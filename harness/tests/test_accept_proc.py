@@ -37,6 +37,12 @@ GUARDRAILS = {
 }
 
 
+# The same request rules, inspection only (PII blocked, not redacted): Envoy sends the service the
+# body alone, and holds the request headers until the service has let it through.
+INSPECTED = {**GUARDRAILS, "direction": "request", "pii": {"kinds": ["email", "card"], "action": "block"}}
+# Each request rule holds on both shapes of exchange.
+GUARDED = pytest.mark.parametrize("api", ["chat", "inspected"])
+
 SQUEEZE_MIN = 1024
 
 TRANSFORM = {
@@ -58,6 +64,8 @@ def estate(estates) -> Estate:
     estate.publish("chat", tenant_id=TENANT, upstream_url=model, methods=["POST"])
     estate.publish("plain", tenant_id=TENANT, upstream_url=model, methods=["POST"])
     estate.admin.add_policy("chat-guard", "guardrails", GUARDRAILS, tenant_id=TENANT, targets=["chat"])
+    estate.publish("inspected", tenant_id=TENANT, upstream_url=model, methods=["POST"])
+    estate.admin.add_policy("inspect", "guardrails", INSPECTED, tenant_id=TENANT, targets=["inspected"])
     # Guardrails and a transform on one route (one processing stream, the union of their phases),
     # in front of the echo upstream, which shows what it received.
     estate.publish("shaped", tenant_id=TENANT, methods=["POST"])
@@ -109,6 +117,12 @@ def streams_started(estate: Estate) -> int:
     return estate.envoy.counters(r"ext_proc\..*streams_started$")
 
 
+def model_requests_started(estate: Estate) -> int:
+    """Requests Envoy began to the model (headers sent), whether or not their body followed."""
+    port = httpx.URL(estate.llm.url).port
+    return estate.envoy.counters(rf"cluster\.backend_http_127\.0\.0\.1_{port}\.upstream_rq_total$")
+
+
 def test_a_clean_request_and_answer_pass_and_only_guarded_routes_open_a_stream(estate: Estate) -> None:
     before = streams_started(estate)
     response = chat(estate, ask("hi"))
@@ -120,8 +134,10 @@ def test_a_clean_request_and_answer_pass_and_only_guarded_routes_open_a_stream(e
     assert streams_started(estate) == before + 1
 
 
-def test_request_guardrails_and_bypasses(estate: Estate) -> None:
+@GUARDED
+def test_request_guardrails_and_bypasses(estate: Estate, api: str) -> None:
     logged_before = len(estate.site.proc_events("ext_proc_decision"))
+    started = model_requests_started(estate)
     full_width = "".join(chr(ord(c) + 0xFEE0) for c in "forbidden")
     cases = [
         (ask("tell me about the FORBIDDEN fruit"), 403, PROC_BODIES["guardrail_blocked"]),
@@ -133,12 +149,12 @@ def test_request_guardrails_and_bypasses(estate: Estate) -> None:
         (b"\xff\xfe", 400, DENY_BODIES[400]),
     ]
     for body, status, expected in cases:
-        response = chat(estate, body)
+        response = chat(estate, body, api)
         assert response.status_code == status, body
         assert response.headers["content-type"] == "application/json"
         if expected is not None:
             assert response.content == expected
-    schema = chat(estate, {"messages": [{"role": "user"}, {"content": "no role"}]})
+    schema = chat(estate, {"messages": [{"role": "user"}, {"content": "no role"}]}, api)
     assert schema.status_code == 422
     assert schema.json() == {
         "error": "schema_invalid",
@@ -146,15 +162,19 @@ def test_request_guardrails_and_bypasses(estate: Estate) -> None:
         "path": "$.messages[1]",
     }
     assert estate.llm.requests() == [], "a refused request reached the model"
+    # Not even its headers (Envoy holds them until the service has let the body through).
+    assert model_requests_started(estate) == started
+    assert chat(estate, ask("hello"), api).status_code == 200
+    assert model_requests_started(estate) == started + 1
 
     # Each refusal is one decision event with its closed reason, and no body content.
     # The service writes its log in batches, a moment after it answers (an earlier test's event may
-    # come after this test began): wait for this test's seven events, its last one included.
+    # come after this test began): wait for this test's eight events, its last one included.
     def logged() -> list[dict]:
         return estate.site.proc_events("ext_proc_decision")[logged_before:]  # type: ignore[union-attr]
 
     events = wait_until(
-        lambda: (e := logged()) and any(x["reason"] == "schema_invalid" for x in e) and len(e) >= 7 and e,
+        lambda: (e := logged()) and any(x["reason"] == "schema_invalid" for x in e) and len(e) >= 8 and e,
         10,
         "decision events",
     )
@@ -162,9 +182,12 @@ def test_request_guardrails_and_bypasses(estate: Estate) -> None:
     assert reasons.count("guardrail_blocked") == 3
     assert reasons.count("schema_invalid") == 1
     assert not any(SECRET in json.dumps(e) for e in events)
+    # The request id Envoy gave each exchange, from the body message's attributes.
+    assert all(len(e["request_id"]) == 36 for e in events[-8:])
 
 
-def test_compressed_request_is_inspected_and_a_bomb_is_413(estate: Estate) -> None:
+@GUARDED
+def test_compressed_request_is_inspected_and_a_bomb_is_413(estate: Estate, api: str) -> None:
     secret = json.dumps(ask(f"the {SECRET}")).encode()
     for encoding, packed in (
         ("gzip", gzip.compress(secret)),
@@ -172,23 +195,25 @@ def test_compressed_request_is_inspected_and_a_bomb_is_413(estate: Estate) -> No
         ("zstd", zstandard.ZstdCompressor().compress(secret)),
         ("gzip, br", brotli.compress(gzip.compress(secret))),  # layered: undone last first
     ):
-        assert chat(estate, packed, content_encoding=encoding).status_code == 403, encoding
+        assert chat(estate, packed, api, content_encoding=encoding).status_code == 403, encoding
     zstd_bomb = zstandard.ZstdCompressor().compress(b" " * (LIMIT * 100))
-    assert chat(estate, zstd_bomb, content_encoding="zstd").status_code == 413
+    assert chat(estate, zstd_bomb, api, content_encoding="zstd").status_code == 413
     clean = gzip.compress(json.dumps(ask("hello")).encode())
-    assert chat(estate, clean, content_encoding="gzip").status_code == 200
+    assert chat(estate, clean, api, content_encoding="gzip").status_code == 200
     # Decompression is for inspection: the model gets the body as sent.
     [arrived] = estate.llm.requests()
     assert arrived.headers["content-encoding"] == "gzip"
     assert arrived.body == clean
+    assert arrived.headers["content-length"] == str(len(clean))
     bomb = gzip.compress(b" " * (LIMIT * 100))
-    response = chat(estate, bomb, content_encoding="gzip")
+    response = chat(estate, bomb, api, content_encoding="gzip")
     assert (response.status_code, response.content) == (413, PROC_BODIES["too_large"])
 
 
-def test_size_limit_is_413_before_the_body_and_never_a_stall(estate: Estate) -> None:
+@GUARDED
+def test_size_limit_is_413_before_the_body_and_never_a_stall(estate: Estate, api: str) -> None:
     big = json.dumps(ask("x" * (LIMIT * 2))).encode()
-    response = chat(estate, big)
+    response = chat(estate, big, api)
     assert (response.status_code, response.content) == (413, PROC_BODIES["too_large"])
 
     # Chunked (no content-length) and larger than Envoy's own buffer, with the authorization hop in
@@ -198,7 +223,7 @@ def test_size_limit_is_413_before_the_body_and_never_a_stall(estate: Estate) -> 
             yield b" " * 65536
 
     response = httpx.post(
-        estate.url("/apis/chat/chat/completions"),
+        estate.url(f"/apis/{api}/chat/completions"),
         content=chunks(),
         headers={"content-type": "application/json"},
         timeout=5,

@@ -17,6 +17,7 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import any_pb2, duration_pb2, message, wrappers_pb2
+from stoa_proto.processing import REQUEST_ATTRIBUTES
 
 from stoa_translate.options import TranslateOptions
 
@@ -24,6 +25,8 @@ CORS_FILTER = "envoy.filters.http.cors"
 RBAC_FILTER = "envoy.filters.http.rbac"
 EXT_AUTHZ_FILTER = "envoy.filters.http.ext_authz"
 BUFFER_FILTER = "envoy.filters.http.buffer"
+# A second buffer instance, after the processor, on routes that skip the request-headers message.
+PROCESSED_BUFFER_FILTER = "stoa.buffer.processed"
 RATE_LIMIT_FILTER = "envoy.filters.http.local_ratelimit"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 # The position of the compressor instances (each named by the compression kind).
@@ -79,11 +82,18 @@ HTTP_FILTER_ORDER: tuple[tuple[str, str], ...] = (
         EXT_PROC_FILTER,
         "after the Check and the bucket: a body is read and inspected only for a request that may pass",
     ),
+    (
+        PROCESSED_BUFFER_FILTER,
+        "after the processor, on routes that skip the request-headers message (the processor then "
+        "lets the headers through at once): holds them until the processor has let the body through, "
+        "so the upstream gets nothing of a refused request, and sets content-length again (Envoy "
+        "drops it on such a route)",
+    ),
     (ROUTER_FILTER, "last: forwards to the upstream"),
 )
 ALWAYS_PRESENT = (EXT_AUTHZ_FILTER, ROUTER_FILTER)
 # Off on the listener; a route's own per-route config switches them on.
-DISABLED_BY_DEFAULT = (BUFFER_FILTER,)
+DISABLED_BY_DEFAULT = (BUFFER_FILTER, PROCESSED_BUFFER_FILTER)
 # A route's inspected request body when its policy names no limit (the processing service's default).
 PROC_DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
@@ -128,7 +138,11 @@ def ext_proc_filter() -> ext_proc_pb2.ExternalProcessor:
     """Inert on the listener (every phase skipped, so no stream is opened) and disabled on every route
     without a body policy (`EXT_PROC_DISABLED`); a route's per-route config switches on the phases its
     body policies need. Failing closed: the service unreachable, failing
-    or past its timeout is a 503 (the local replies give it the neutral body and Retry-After)."""
+    or past its timeout is a 503 (the local replies give it the neutral body and Retry-After).
+
+    The request attributes are the listener's (Envoy 1.40 ignores a route's own list): on a route
+    that skips the request-headers message they are what the service learns of the request's
+    headers (`stoa_proto.processing`)."""
     timeout = duration_pb2.Duration()
     timeout.FromMilliseconds(EXT_PROC_MESSAGE_TIMEOUT_MS)
     return ext_proc_pb2.ExternalProcessor(
@@ -142,6 +156,7 @@ def ext_proc_filter() -> ext_proc_pb2.ExternalProcessor:
             request_trailer_mode=ProcessingMode.SKIP,
             response_trailer_mode=ProcessingMode.SKIP,
         ),
+        request_attributes=REQUEST_ATTRIBUTES,
         message_timeout=timeout,
         # The service switches a server-sent event stream to streamed mode at the response headers.
         allow_mode_override=True,

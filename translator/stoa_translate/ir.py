@@ -109,6 +109,13 @@ class RouteIR:
         named = [limit for limit in limits if limit]
         return min(named) if named else 0
 
+    def skips_request_headers(self) -> bool:
+        """Whether the route's processing only inspects the buffered request body: no kind of it needs
+        the request-headers message (each kind's mode says the same; their merge keeps it skipped
+        only then)."""
+        kinds = [ir for name, ir in self.policies if name in PROCESSING_KINDS]
+        return bool(kinds) and not any(ir.sends_request_headers for ir in kinds)
+
 
 @dataclass(frozen=True)
 class IssuerIR:
@@ -140,8 +147,10 @@ class SiteIR:
         # was a visible part of a 1-route translation.
         kinds = frozenset(name for route in self.routes if route.policies for name, _ in route.policies)
         buffered = any(route.request_buffer_bytes() is not None for route in self.routes if route.policies)
+        body_only = any(route.skips_request_headers() for route in self.routes if route.policies)
         object.__setattr__(self, "_kinds", kinds)
         object.__setattr__(self, "_buffered", buffered)
+        object.__setattr__(self, "_body_only", body_only)
 
     def needs(self, kind: str) -> bool:
         return kind in self._kinds  # type: ignore[attr-defined]
@@ -151,6 +160,10 @@ class SiteIR:
 
     def needs_request_buffer(self) -> bool:
         return bool(self._buffered)  # type: ignore[attr-defined]
+
+    def needs_processed_buffer(self) -> bool:
+        """Some route skips the request-headers message (`RouteIR.skips_request_headers`)."""
+        return bool(self._body_only)  # type: ignore[attr-defined]
 
 
 # Route content (deterministic serialisation) → its IR without policies. Content-keyed, so a hit is

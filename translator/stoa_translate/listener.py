@@ -37,6 +37,7 @@ from stoa_translate.filters import (
     EXT_AUTHZ_FILTER,
     HTTP_FILTER_ORDER,
     JWT_AUTHN_FILTER,
+    PROCESSED_BUFFER_FILTER,
     REQUEST_RBAC_FILTER,
     ROUTER_FILTER,
     buffer_filter,
@@ -202,6 +203,8 @@ def _chain(site: SiteIR, options: TranslateOptions) -> list[tuple[str, message.M
             configs[CLAIMS_RBAC_FILTER] = rbac_pb2.RBAC()
     if site.needs_request_buffer():
         configs[BUFFER_FILTER] = buffer_filter()
+    if site.needs_processed_buffer():
+        configs[PROCESSED_BUFFER_FILTER] = buffer_filter()
     # A position in the order table holds one filter, or a kind's several instances.
     chain: dict[str, list[tuple[str, message.Message, bool]]] = {
         name: [(name, config, name in DISABLED_BY_DEFAULT)] for name, config in configs.items()

@@ -43,6 +43,7 @@ from stoa_translate.filters import (
     EXT_PROC_DISABLED,
     EXT_PROC_FILTER,
     JWT_AUTHN_FILTER,
+    PROCESSED_BUFFER_FILTER,
     REQUEST_RBAC_FILTER,
     buffer_route,
     ext_authz_route,
@@ -261,6 +262,9 @@ def per_route_configs(route: RouteIR, options: TranslateOptions, processing: boo
     buffered = route.request_buffer_bytes()
     if buffered is not None:
         kinds[BUFFER_FILTER] = buffer_route(buffered)
+        if route.skips_request_headers():
+            # The body it passes is the one inspected (such a route never rewrites it): same limit.
+            kinds[PROCESSED_BUFFER_FILTER] = buffer_route(buffered)
     configs.update((name, packed(config)) for name, config in kinds.items())
     return configs
 

@@ -7,12 +7,15 @@ import re
 import pytest
 from envoy.config.route.v3 import route_components_pb2
 from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import json_format
 from stoa_proto import inventory_pb2
 from stoa_proto.bodies import DENY_BODIES
 from stoa_proto.paths import REFUSED_PATHS
 from stoa_translate import TranslateOptions, Translator, translate
+from stoa_translate.filters import EXT_PROC_FILTER, PROCESSED_BUFFER_FILTER
 from stoa_translate.policies.cors import origin_matcher
 from stoa_translate.policy_set import route_version
 from stoa_translate.refusal import FailureReason, Refusal
@@ -582,3 +585,44 @@ def test_a_translation_after_another_has_the_version_of_a_fresh_one(options: Tra
     assert (
         translator.translate(inventory(edited, 2)).version == translate(inventory(edited, 2), options).version
     )
+
+
+def _ext_proc_and_buffers(entry: route_components_pb2.Route) -> tuple[str, bool]:
+    """The request-headers mode an entry's processing config asks for, and whether the buffer after
+    the processor is on for it."""
+    config = ext_proc_pb2.ExtProcPerRoute()
+    entry.typed_per_filter_config[EXT_PROC_FILTER].Unpack(config)
+    mode = ProcessingMode.HeaderSendMode.Name(config.overrides.processing_mode.request_header_mode)
+    return mode, PROCESSED_BUFFER_FILTER in entry.typed_per_filter_config
+
+
+def test_a_route_whose_processing_only_inspects_the_request_body_skips_the_headers_message() -> None:
+    guard = {"blockPatterns": ["forbidden"], "pii": {"kinds": ["email"], "action": "block"}}
+    policies = [
+        # Inspected only: on the request, or on both directions.
+        policy("g", "guardrails", guard, ["r0", "r2", "r3"]),
+        policy("o", "guardrails", {**guard, "direction": "both"}, ["r1"]),
+        # What needs the headers message keeps it for the whole route: a budget's consumer, a body a
+        # redaction or a JSON edit may rewrite (an encoded one loses its content-encoding), and
+        # response guardrails alone (the headers open the stream).
+        policy("b", "token_budget", {"tokens": 100, "windowSeconds": 60, "per": "tenant"}, ["r2"]),
+        policy("t", "transform", {"request": {"json": [{"op": "remove", "path": "/user"}]}}, ["r3"]),
+        policy("r", "guardrails", {"pii": {"kinds": ["email"], "action": "redact"}}, ["r4"]),
+        policy("s", "guardrails", {**guard, "direction": "response"}, ["r5"]),
+    ]
+    routes = [route(f"r{i}", methods=["POST"]) for i in range(6)]
+    snapshot = translate(inventory(routes, policies=policies), OPTIONS)
+    chosen = {entry.name.split(":")[0]: _ext_proc_and_buffers(entry) for entry in entries(snapshot)}
+    assert chosen == {
+        "r0": ("SKIP", True),
+        "r1": ("SKIP", True),
+        "r2": ("SEND", False),
+        "r3": ("SEND", False),
+        "r4": ("SEND", False),
+        "r5": ("SEND", False),
+    }
+    names = [f.name for f in http_manager(snapshot).http_filters]
+    assert names.index(EXT_PROC_FILTER) + 1 == names.index(PROCESSED_BUFFER_FILTER)
+    # No route skips the headers message: no buffer after the processor on the listener.
+    none_skips = translate(inventory(routes, policies=policies[2:]), OPTIONS)
+    assert PROCESSED_BUFFER_FILTER not in [f.name for f in http_manager(none_skips).http_filters]

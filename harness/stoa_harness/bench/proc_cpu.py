@@ -5,8 +5,9 @@ over real gRPC from this process.
 
 This process serves the bench's guardrail route (`processing.GUARDRAILS`) over an insecure loopback
 ADS stream, starts the service as a subprocess (its decision log to a file, as under a supervisor),
-and sends the messages Envoy sends on that route for a 1 KiB JSON body (request headers, then the
-buffered body, a stream each), with a fixed number of streams in flight; then the same to
+and sends the messages Envoy sends on that route for a 1 KiB JSON body (the buffered body alone, what
+the service reads of the headers as its attributes; a stream each; `--with-headers`: a request-headers
+message first, as on a route that needs them), with a fixed number of streams in flight; then the same to
 `noop_proc` on the same kind of server. CPU per exchange is each process's utime + stime over the
 exchanges. Not a test: it prints numbers. Unlike `make bench` (Envoy and wrk on the same two
 cores), it isolates the processor's own cost, and `noop_proc`'s figure is the gRPC floor under it.
@@ -31,10 +32,10 @@ from envoy.service.discovery.v3 import ads_pb2_grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, struct_pb2
 from stoa_proc.ads import TYPE_URL
 from stoa_proc.process import ROUTE_METADATA, VERSION_METADATA
-from stoa_proto import proc_pb2
+from stoa_proto import proc_pb2, processing
 from stoa_translate.policies import accept
 
 from stoa_harness.bench.check_cpu import OneSetAds
@@ -62,8 +63,9 @@ def policy_set() -> DiscoveryResponse:
     return DiscoveryResponse(version_info="snap-1", nonce="1", type_url=TYPE_URL, resources=[resource])
 
 
-def exchange_messages() -> tuple[ProcessingRequest, ProcessingRequest]:
-    """What Envoy sends on the guardrail route for the bench's 1 KiB body (typical header set)."""
+def exchange_messages(with_headers: bool) -> tuple[ProcessingRequest, ...]:
+    """What Envoy sends on the guardrail route for the bench's 1 KiB body: the body with the stream's
+    attributes; `with_headers`: after a request-headers message (typical header set)."""
     body = kib_body()
     headers = {
         ":authority": "127.0.0.1",
@@ -77,16 +79,19 @@ def exchange_messages() -> tuple[ProcessingRequest, ProcessingRequest]:
         "x-request-id": "0b9a7c7e-1111-2222-3333-444455556666",
     }
     values = [HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()]
-    return (
-        ProcessingRequest(request_headers=HttpHeaders(headers=HeaderMap(headers=values))),
-        ProcessingRequest(request_body=HttpBody(body=body, end_of_stream=True)),
+    attributes = struct_pb2.Struct()
+    attributes.update(
+        {processing.REQUEST_ID: headers["x-request-id"], processing.CONTENT_TYPE: headers["content-type"]}
     )
+    first = ProcessingRequest(request_headers=HttpHeaders(headers=HeaderMap(headers=values)))
+    body_message = ProcessingRequest(request_body=HttpBody(body=body, end_of_stream=True))
+    (first if with_headers else body_message).attributes[processing.ATTRIBUTES_KEY].CopyFrom(attributes)
+    return (first, body_message) if with_headers else (body_message,)
 
 
-async def drive(address: str, exchanges: int, concurrency: int, body_only: bool = False) -> None:
-    """`exchanges` exchanges, `concurrency` streams in flight; each must be let through. `body_only`:
-    the body message alone (what a stream without the request headers phase would carry)."""
-    messages = exchange_messages()[1:] if body_only else exchange_messages()
+async def drive(address: str, exchanges: int, concurrency: int, with_headers: bool = False) -> None:
+    """`exchanges` exchanges, `concurrency` streams in flight; each must be let through."""
+    messages = exchange_messages(with_headers)
     metadata = ((ROUTE_METADATA, ROUTE), (VERSION_METADATA, VERSION))
     async with grpc.aio.insecure_channel(address) as channel:
         stub = external_processor_pb2_grpc.ExternalProcessorStub(channel)
@@ -127,7 +132,7 @@ async def measure(
             await asyncio.sleep(1.0)  # let py-spy attach before the measured run
         done = (args.exchanges // args.concurrency) * args.concurrency
         cpu_before, wall_before = cpu_seconds([process.pid]).seconds, time.perf_counter()
-        await drive(address, args.exchanges, args.concurrency, args.body_only)
+        await drive(address, args.exchanges, args.concurrency, args.with_headers)
         wall = time.perf_counter() - wall_before
         cpu = cpu_seconds([process.pid]).seconds - cpu_before
         if profiler is not None:
@@ -159,7 +164,9 @@ async def main() -> None:
     parser.add_argument("--exchanges", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--processors", default="stoa-proc,noop-proc")
-    parser.add_argument("--body-only", action="store_true", help="send the body message alone")
+    parser.add_argument(
+        "--with-headers", action="store_true", help="send a request-headers message before the body"
+    )
     parser.add_argument("--profile", help="py-spy collapsed stacks of each processor: <this>.<name>.txt")
     args = parser.parse_args()
 

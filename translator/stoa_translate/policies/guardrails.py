@@ -1,10 +1,11 @@
 """guardrails → the processing service (`envoy.filters.http.ext_proc`), on the routes it applies to.
 
 The listener's ext_proc filter is inert (every phase skipped: no stream is opened); a guarded route
-switches on the phases its direction needs: request headers and the buffered request body, response
-headers and the buffered response body (the service turns a server-sent event stream into streamed
-mode itself). The rules travel to the service in its policy set (`stoa.proc.v1.Guardrails`); the
-route only names itself in the stream's metadata.
+switches on the phases its direction needs: the buffered request body (when the route only inspects
+it, without the request-headers message: its content type, encoding and request id come as
+attributes), response headers and the buffered response body (the service turns a server-sent event
+stream into streamed mode itself). The rules travel to the service in its policy set
+(`stoa.proc.v1.Guardrails`); the route only names itself in the stream's metadata.
 """
 
 from __future__ import annotations
@@ -56,6 +57,14 @@ class Guardrails:
     def request_buffer_bytes(self) -> int | None:
         """The request body is buffered whole for inspection, up to this limit (0: the default)."""
         return self.max_body_bytes if self.direction in ("request", "both") else None
+
+    @property
+    def sends_request_headers(self) -> bool:
+        """Whether the service needs the request-headers message: to open the stream when no request
+        body is inspected, or because a redaction may rewrite the body (an encoded one is re-sent
+        plain, `content-encoding` removed, and Envoy edits only headers the service was sent). A
+        route that only inspects reads the type and encoding from the body message's attributes."""
+        return self.direction == "response" or self.pii_action == "redact"
 
     def message(self) -> proc_pb2.Guardrails:
         rules = proc_pb2.Guardrails(
@@ -111,12 +120,12 @@ def normalised(rules: Guardrails) -> proc_pb2.Guardrails:
     return rules.message()
 
 
-def processing_mode(direction: str) -> ProcessingMode:
-    request = direction in ("request", "both")
-    response = direction in ("response", "both")
+def processing_mode(rules: Guardrails) -> ProcessingMode:
+    request = rules.direction in ("request", "both")
+    response = rules.direction in ("response", "both")
     return ProcessingMode(
-        # The request headers always: they open the stream and carry the size a body declares.
-        request_header_mode=ProcessingMode.SEND,
+        # A declared size over the limit is the buffer filter's 413, before the processor.
+        request_header_mode=ProcessingMode.SEND if rules.sends_request_headers else ProcessingMode.SKIP,
         request_body_mode=ProcessingMode.BUFFERED if request else ProcessingMode.NONE,
         response_header_mode=ProcessingMode.SEND if response else ProcessingMode.SKIP,
         response_body_mode=ProcessingMode.BUFFERED if response else ProcessingMode.NONE,
@@ -129,7 +138,7 @@ def route_config(route_id: str, rules: Guardrails) -> ext_proc_pb2.ExtProcPerRou
     # The policy-set version is added on the virtual host (Envoy merges the two levels' metadata).
     return ext_proc_pb2.ExtProcPerRoute(
         overrides=ext_proc_pb2.ExtProcOverrides(
-            processing_mode=processing_mode(rules.direction),
+            processing_mode=processing_mode(rules),
             grpc_initial_metadata=[base_pb2.HeaderValue(key=PROC_ROUTE_METADATA, value=route_id)],
         )
     )

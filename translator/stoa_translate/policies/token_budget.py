@@ -38,6 +38,12 @@ class TokenBudget:
         # The request body is read whole (its max_tokens), at the default body limit.
         return 0
 
+    @property
+    def sends_request_headers(self) -> bool:
+        # The consumer a reservation is counted for, and the default reserved for a request without
+        # a body (no body message follows), come with the request headers.
+        return True
+
     def config(self) -> proc_pb2.TokenBudget:
         return mirrored(self, proc_pb2.TokenBudget)
 

@@ -58,6 +58,13 @@ class Transform:
         # JSON edits read the whole request body: buffered, at the default limit.
         return 0 if self.request.json else None
 
+    @property
+    def sends_request_headers(self) -> bool:
+        # Always: to edit them, to open the stream, or because a JSON edit rewrites the body (an
+        # encoded one is re-sent plain, `content-encoding` removed: Envoy edits only headers the
+        # service was sent).
+        return True
+
     def message(self) -> proc_pb2.Transform:
         rules = proc_pb2.Transform()
         for side, target in ((self.request, rules.request), (self.response, rules.response)):
