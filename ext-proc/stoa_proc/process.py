@@ -34,6 +34,7 @@ from google.protobuf.struct_pb2 import Struct
 from stoa_ops.logs import DecisionPlace
 from stoa_proto import processing
 from stoa_proto.decisions import CONSUMER_HEADER
+from stoa_proto.processing import ROUTE_METADATA, VERSION_METADATA
 from stoa_quota import Reservation
 
 from stoa_proc import budget, decode, respond
@@ -45,9 +46,6 @@ from stoa_proc.policy import PolicyStore, RoutePolicy
 from stoa_proc.reasons import Deny, Reason
 from stoa_proc.stream import SseGuard
 from stoa_proc.transform import Side, dump
-
-ROUTE_METADATA = "x-stoa-route-id"
-VERSION_METADATA = "x-stoa-proc-version"
 
 _STREAMED_RESPONSE = ProcessingMode(response_body_mode=ProcessingMode.STREAMED)
 

@@ -21,9 +21,10 @@ from stoa_harness.wait import wait_until_async
 from stoa_proc.ads import TYPE_URL, subscribe
 from stoa_proc.log import DecisionLog
 from stoa_proc.policy import PolicyStore, compile_policy_set
-from stoa_proc.process import ROUTE_METADATA, VERSION_METADATA, ProcessingService
+from stoa_proc.process import ProcessingService
 from stoa_proto import proc_pb2, processing
 from stoa_proto.bodies import PROC_BODIES
+from stoa_proto.processing import ROUTE_METADATA, VERSION_METADATA
 from stoa_translate.policies import KINDS
 
 LIMIT = 4096

@@ -10,6 +10,10 @@ absent attribute; a repeated one is its values joined by commas.
 
 from __future__ import annotations
 
+# The gRPC metadata the filter sends with each stream: which route, and which version of the
+# processing policy set the route was rendered with.
+ROUTE_METADATA = "x-stoa-route-id"
+VERSION_METADATA = "x-stoa-proc-version"
 # The key of the filter's attributes in `ProcessingRequest.attributes`.
 ATTRIBUTES_KEY = "envoy.filters.http.ext_proc"
 REQUEST_ID = "request.id"

@@ -17,7 +17,7 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import any_pb2, duration_pb2, message, wrappers_pb2
-from stoa_proto.processing import REQUEST_ATTRIBUTES
+from stoa_proto.processing import REQUEST_ATTRIBUTES, VERSION_METADATA
 
 from stoa_translate.options import TranslateOptions
 
@@ -40,9 +40,6 @@ CLAIMS_RBAC_FILTER = "stoa.rbac.claims"
 
 EXT_AUTHZ_CLUSTER = "stoa-ext-authz"
 EXT_PROC_CLUSTER = "stoa-ext-proc"
-# The stream metadata naming, for the processing service, the route and the policy set it was built with.
-PROC_ROUTE_METADATA = "x-stoa-route-id"
-PROC_VERSION_METADATA = "x-stoa-proc-version"
 # Bound on each message the processing service answers (a buffered body is one message).
 EXT_PROC_MESSAGE_TIMEOUT_MS = 2000
 
@@ -242,9 +239,7 @@ def virtual_host_configs(proc_version: str | None) -> dict[str, any_pb2.Any]:
         configs[EXT_PROC_FILTER] = packed(
             ext_proc_pb2.ExtProcPerRoute(
                 overrides=ext_proc_pb2.ExtProcOverrides(
-                    grpc_initial_metadata=[
-                        base_pb2.HeaderValue(key=PROC_VERSION_METADATA, value=proc_version)
-                    ]
+                    grpc_initial_metadata=[base_pb2.HeaderValue(key=VERSION_METADATA, value=proc_version)]
                 )
             )
         )

@@ -34,8 +34,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
 from google.protobuf import any_pb2, struct_pb2
 from stoa_proc.ads import TYPE_URL
-from stoa_proc.process import ROUTE_METADATA, VERSION_METADATA
 from stoa_proto import proc_pb2, processing
+from stoa_proto.processing import ROUTE_METADATA, VERSION_METADATA
 from stoa_translate.policies import accept
 
 from stoa_harness.bench.check_cpu import OneSetAds

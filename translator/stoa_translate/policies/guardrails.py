@@ -23,8 +23,9 @@ from google.protobuf import json_format, struct_pb2
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from stoa_proto import proc_pb2
+from stoa_proto.processing import ROUTE_METADATA
 
-from stoa_translate.filters import EXT_PROC_FILTER, PROC_ROUTE_METADATA, ext_proc_filter
+from stoa_translate.filters import EXT_PROC_FILTER, ext_proc_filter
 from stoa_translate.policies.kind import ConfigError, PolicyKind
 
 DIRECTIONS = ("request", "response", "both")
@@ -139,7 +140,7 @@ def route_config(route_id: str, rules: Guardrails) -> ext_proc_pb2.ExtProcPerRou
     return ext_proc_pb2.ExtProcPerRoute(
         overrides=ext_proc_pb2.ExtProcOverrides(
             processing_mode=processing_mode(rules),
-            grpc_initial_metadata=[base_pb2.HeaderValue(key=PROC_ROUTE_METADATA, value=route_id)],
+            grpc_initial_metadata=[base_pb2.HeaderValue(key=ROUTE_METADATA, value=route_id)],
         )
     )
 

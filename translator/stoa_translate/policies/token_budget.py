@@ -15,8 +15,9 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from stoa_proto import proc_pb2
+from stoa_proto.processing import ROUTE_METADATA
 
-from stoa_translate.filters import EXT_PROC_FILTER, PROC_ROUTE_METADATA, ext_proc_filter
+from stoa_translate.filters import EXT_PROC_FILTER, ext_proc_filter
 from stoa_translate.policies.kind import ConfigError, PolicyKind, mirrored
 
 PER = ("consumer", "tenant")
@@ -82,7 +83,7 @@ def route_config(route_id: str, budget: TokenBudget) -> ext_proc_pb2.ExtProcPerR
     return ext_proc_pb2.ExtProcPerRoute(
         overrides=ext_proc_pb2.ExtProcOverrides(
             processing_mode=PROCESSING_MODE,
-            grpc_initial_metadata=[base_pb2.HeaderValue(key=PROC_ROUTE_METADATA, value=route_id)],
+            grpc_initial_metadata=[base_pb2.HeaderValue(key=ROUTE_METADATA, value=route_id)],
         )
     )
 

@@ -17,9 +17,10 @@ from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from google.protobuf import json_format
 from stoa_proto import proc_pb2
+from stoa_proto.processing import ROUTE_METADATA
 
 from stoa_translate.fields import is_header_name
-from stoa_translate.filters import EXT_PROC_FILTER, PROC_ROUTE_METADATA, ext_proc_filter
+from stoa_translate.filters import EXT_PROC_FILTER, ext_proc_filter
 from stoa_translate.policies.kind import ConfigError, PolicyKind
 
 OPS = ("set", "remove", "rename")
@@ -133,7 +134,7 @@ def route_config(route_id: str, rules: Transform) -> ext_proc_pb2.ExtProcPerRout
     return ext_proc_pb2.ExtProcPerRoute(
         overrides=ext_proc_pb2.ExtProcOverrides(
             processing_mode=processing_mode(rules),
-            grpc_initial_metadata=[base_pb2.HeaderValue(key=PROC_ROUTE_METADATA, value=route_id)],
+            grpc_initial_metadata=[base_pb2.HeaderValue(key=ROUTE_METADATA, value=route_id)],
         )
     )
 
