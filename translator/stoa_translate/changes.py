@@ -32,7 +32,7 @@ from stoa_translate import ir, mcp
 from stoa_translate.clusters import backend_clusters
 from stoa_translate.decision import placement
 from stoa_translate.options import TranslateOptions
-from stoa_translate.policy_set import render_policy_set, restamped, route_entry
+from stoa_translate.policy_set import render_policy_set, route_entry
 from stoa_translate.refusal import FailureReason, Refusal, invalid
 from stoa_translate.routes import (
     ROUTE_CONFIG_NAME,
@@ -401,22 +401,17 @@ class Kept:
             # The services' clusters as they were (the routes' site-wide facts are unchanged).
             services = [c for c in clusters if c.name not in backends_before]  # type: ignore[attr-defined]
             clusters = [*backend_clusters(self.backend_of), *services]
+        # The policy sets carry no generation: unchanged content is the same object, served as it was.
         authz = previous.of(AUTHZ_POLICY_SET)[0]
-        stub = dataclasses.replace(self.site, routes=(), generation=generation)
         if entries_changed:
-            rendered_set = render_policy_set(stub, b"".join(self.entry_list))
-            if rendered_set.version == authz.version:  # type: ignore[attr-defined]
-                rendered_set = restamped(authz, generation)  # type: ignore[type-var]
-            authz = rendered_set
-        else:
-            authz = restamped(authz, generation)  # type: ignore[type-var]
+            rendered_set = render_policy_set(self.site, b"".join(self.entry_list))
+            if rendered_set.version != authz.version:  # type: ignore[attr-defined]
+                authz = rendered_set
         resources: dict[str, Iterable[Message]] = {
             **previous.resources,
             CLUSTER: clusters,
             ROUTE: tuple(self.tables[n] for n in sorted(self.tables)),
             AUTHZ_POLICY_SET: (authz,),
-            PROC_POLICY_SET: (restamped(previous.of(PROC_POLICY_SET)[0], generation),),  # type: ignore[type-var]
-            MCP_POLICY_SET: (restamped(previous.of(MCP_POLICY_SET)[0], generation),),  # type: ignore[type-var]
         }
         if self.by_scope:
             resources[SCOPED_ROUTE] = scopes

@@ -1,8 +1,8 @@
 """The AuthzPolicySet `default`: what the authorization service needs to decide for each route.
 
-Its `version` hashes its content only (routes, issuers, consumers, subscriptions, revocations),
-never the generation or the gateway id: a generation that changes nothing the service decides on
-keeps the same version.
+Its `version` hashes its content only (routes, issuers, consumers, subscriptions, revocations), and
+it carries no generation: a generation that changes nothing the service decides on keeps the same
+set, byte for byte, so a change of routes alone (at 10,000 routes, a 600 KB set) costs it nothing.
 
 Each Envoy route decided by the service names, as the context extension `route_version`, the version
 of its own entry in the set (`route_version`), not the set's: the service decides a Check with the
@@ -102,21 +102,11 @@ def render_proc_policy_set(site: SiteIR) -> proc_pb2.ProcPolicySet:
     return _stamped(content, site)
 
 
-def restamped(policy_set: PolicySetT, generation: int) -> PolicySetT:
-    """A copy of `policy_set` told another generation (its content, hence its version, unchanged)."""
-    copy = type(policy_set)()
-    copy.CopyFrom(policy_set)
-    copy.generation = generation
-    return copy
-
-
 def _stamped(content: PolicySetT, site: SiteIR) -> PolicySetT:
-    """`content` named and versioned by its content alone (the same routes, the same version whatever
-    the generation), then told its gateway and generation."""
+    """`content` named and versioned by its content alone, then told its gateway."""
     content.version = hashlib.sha256(content.SerializeToString(deterministic=True)).hexdigest()[:16]
     content.name = POLICY_SET_NAME
     content.gateway_id = site.gateway_id
-    content.generation = site.generation
     return content
 
 
@@ -136,5 +126,4 @@ def render_mcp_policy_set(site: SiteIR) -> mcp_pb2.McpPolicySet:
     content.name = POLICY_SET_NAME
     content.version = version
     content.gateway_id = site.gateway_id
-    content.generation = site.generation
     return content

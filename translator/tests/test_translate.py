@@ -22,6 +22,8 @@ from stoa_translate.snapshot import (
     CLUSTER,
     ENVOY_TYPES,
     LISTENER,
+    MCP_POLICY_SET,
+    PROC_POLICY_SET,
     ROUTE,
     SCOPED_ROUTE,
     Snapshot,
@@ -137,14 +139,15 @@ def test_same_inventory_same_version_whatever_the_input_order() -> None:
     assert one.resources == shuffled.resources
 
 
-def test_generation_only_change_keeps_envoy_resources_and_policy_set_version() -> None:
+def test_generation_only_change_keeps_every_resource_byte_for_byte() -> None:
     first = translate(inventory(BASE, generation=1), OPTIONS)
     later = translate(inventory(BASE, generation=9), OPTIONS)
     assert envoy_bytes(first) == envoy_bytes(later)
-    (set_1,), (set_9,) = first.of(AUTHZ_POLICY_SET), later.of(AUTHZ_POLICY_SET)
-    assert set_1.version == set_9.version
-    assert (set_1.generation, set_9.generation) == (1, 9)
-    assert later.generation == 9
+    for type_url in (AUTHZ_POLICY_SET, PROC_POLICY_SET, MCP_POLICY_SET):
+        assert [r.SerializeToString(deterministic=True) for r in first.of(type_url)] == [
+            r.SerializeToString(deterministic=True) for r in later.of(type_url)
+        ], type_url
+    assert (first.version, first.generation, later.generation) == (later.version, 1, 9)
 
 
 def test_content_change_changes_versions() -> None:
