@@ -206,13 +206,12 @@ class Agent:
         translate: Translate,
         store: InventoryStore,
         translate_change: TranslateChange | None = None,
-        prepare_changes: Callable[[], bool] | None = None,
+        prepare_changes: Callable[[], None] | None = None,
     ) -> None:
         """`translate_change`: translates a delta's complete inventory by what changed (the Link's
         `Translator.translate_change`); without it a delta's inventory is translated whole.
-        `prepare_changes`: run once idle after a publication, so the first change after a complete
-        translation (of an inventory, or of a delta too large to go by what changed) does not pay for
-        what the changes need (`Translator.prepare_changes`: True when it had something to do)."""
+        `prepare_changes`: run once idle after a complete inventory was published, so the first change
+        after it does not pay for what the changes need (`Translator.prepare_changes`)."""
         self.gateway_id = gateway_id
         self.ads = ads
         self.reporter = reporter
@@ -220,7 +219,6 @@ class Agent:
         self.translate_change = translate_change
         self.prepare_changes = prepare_changes
         self._prepare_pending = False
-        self._published_delta = False
         self.store = store
         # The inventory in force, as a message and as elements (each made from the other when asked).
         self._applied: inventory_pb2.Inventory | None = store.load()
@@ -316,10 +314,8 @@ class Agent:
             with contextlib.suppress(TimeoutError):
                 # Idle only once the report went out and nothing came right after it.
                 await asyncio.wait_for(self._arrived.wait(), IDLE_BEFORE_PREPARE_S)
-            if not self._arrived.is_set() and self.prepare_changes() and self._published_delta:
-                # A delta that was translated whole (there was a translation to index): its objects
-                # stay out of the collector's passes, as a complete inventory's do (`apply`).
-                gc.freeze()
+            if not self._arrived.is_set():
+                self.prepare_changes()
         while not self._arrived.is_set():
             if self._again is None:
                 await self._arrived.wait()
@@ -460,9 +456,8 @@ class Agent:
         )
         if fold:  # after the report: the recorded deltas become one complete inventory again
             self.store.save(self.last_applied)  # type: ignore[arg-type]
-        self._prepare_pending = True
-        self._published_delta = change is not None
         if change is None:
+            self._prepare_pending = True
             # The complete inventory's objects (10,000 routes' IR, entries, resources) live until the
             # next complete one: kept out of the cyclic collector's passes, which otherwise walk them
             # all, again and again, while a change allocates (they are freed by reference counts).

@@ -76,15 +76,12 @@ class Translator:
         self._kept = None
         return snapshot
 
-    def prepare_changes(self) -> bool:
+    def prepare_changes(self) -> None:
         """Index the latest full translation for the changes to come (done by the first change
-        otherwise: a caller with idle time spends it here instead). True when it did (False: nothing
-        to index, or done already)."""
+        otherwise: a caller with idle time spends it here instead)."""
         if self._kept is None and self._full is not None and self._latest is not None:
             site, proc_version, inventory = self._full
             self._kept = Kept.of(site, self.options, proc_version, self._rendered, inventory, self._latest)
-            return True
-        return False
 
     def translate_change(
         self, state: Elements, delta: inventory_pb2.InventoryDelta, base_is_latest: bool

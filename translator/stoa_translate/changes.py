@@ -8,7 +8,6 @@ renders the routes it names, rebuilds the route tables they leave or join, and t
 resource as the same object, so it costs those routes, not the 10,000 others.
 
 `Kept.apply` gives None, and the caller translates the complete inventory, for anything else: a change
-naming more routes than `LARGE_CHANGE` allows (it costs more here than a translation of the whole), a change
 of policies, issuers, tools, consumers, subscriptions or revocations; a changed route that a policy
 names, or of kind mcp; one that changes what the listener is rendered from (the tenants present, the
 placements used, the tenants whose tokens jwt_authn verifies, whether routes go by scope). What it
@@ -59,10 +58,6 @@ from stoa_translate.snapshot import (
 # The inventory's lists a change may touch and still be applied here.
 ROUTE_LISTS = ("routes", "tombstones")
 _OTHER_LISTS = ("policies", "issuers", "tools", "consumers", "subscriptions", "revoked_key_sha256")
-# A change naming more routes than this many, and more than an eighth of the routes held, is translated
-# whole: per route, the change path costs about four times what a whole translation does (measured at
-# 10,000 routes: 1,000 moved routes cost either path the same, 2,500 or more cost it more).
-LARGE_CHANGE = 64
 
 
 def _order(route: ir.RouteIR) -> tuple[int, str]:
@@ -224,8 +219,6 @@ class Kept:
         if any(getattr(delta, n) or getattr(delta, f"removed_{n}") for n in _OTHER_LISTS):
             return None
         named = {r.route_id for r in delta.routes} | set(delta.removed_routes)
-        if len(named) > max(LARGE_CHANGE, len(self.routes) // 8):
-            return None
         if not named.isdisjoint(self.claimed):
             return None
         new = self._resolve(sorted(named), state, resolved)

@@ -110,25 +110,3 @@ def test_a_change_is_refused_as_the_full_translation_refuses_it() -> None:
     # Refused: the next change is translated whole, and right.
     fine = inventory(3, [route(0), route(1, prefix="/apis/other")])
     assert changed(translator, old, fine) == translate(fine, SCOPED)
-
-
-def test_a_large_change_is_translated_whole_and_a_small_one_by_what_changed() -> None:
-    routes = [route(n) for n in range(400)]
-    old = inventory(1, routes)
-    translator = Translator(SCOPED)
-    translator.translate(old)
-    # One route to a new key: the scopes follow the edit (a scope gone, one joined).
-    one = inventory(2, [route(0, prefix="/apis/elsewhere"), *routes[1:]])
-    small = changed(translator, old, one)
-    assert small == translate(one, SCOPED)
-    assert SCOPED_ROUTE in small.edits
-    # A hundred routes (more than an eighth of them) moved: translated whole, with the same result.
-    many = inventory(3, [route(n, prefix=f"/apis/far-{n}") if n < 100 else r for n, r in enumerate(routes)])
-    large = changed(translator, one, many)
-    assert large == translate(many, SCOPED)
-    assert not large.edits
-    # And the next small change goes by what changed again.
-    again = inventory(4, [route(0, prefix="/apis/back"), *many.routes[1:]])
-    after = changed(translator, many, again)
-    assert after == translate(again, SCOPED)
-    assert SCOPED_ROUTE in after.edits
