@@ -1,4 +1,6 @@
-"""The authorization service's policy set over the Link's ADS: an AuthzPolicySet, compiled.
+"""The authorization service's policy set over the Link's ADS: AuthzPolicySet resources (`default`,
+the site-wide part, and the route buckets `routes-NNN`), compiled as one set. Every response carries
+all of them, so a set is taken whole or not at all: a route in no resource of it is unknown to it.
 
 The subscription itself (ACK/NACK like Envoy, the sets in force kept on a refusal, reconnects with
 backoff) is `stoa_ops.policy_sets`, shared with the processing service. Key revocations are read
@@ -12,7 +14,7 @@ import contextlib
 import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
 from google.protobuf.message import DecodeError
-from stoa_ops.policy_sets import PolicySubscription, policy_set, the_resource
+from stoa_ops.policy_sets import RESOURCE_NAME, PolicySubscription, Refused, policy_set
 from stoa_proto import authz_pb2
 
 from stoa_authz.policy import PolicyError, PolicySet, PolicyStore, compile_policy_set, digest_of
@@ -24,7 +26,19 @@ __all__ = ["TYPE_URL", "decode", "revocations", "subscribe"]
 
 def decode(response: DiscoveryResponse) -> PolicySet:
     """The policy set of a response, compiled; PolicyError if it cannot be used."""
-    return compile_policy_set(the_resource(response, TYPE_URL, authz_pb2.AuthzPolicySet))
+    if response.type_url != TYPE_URL:
+        raise Refused(f"unexpected type {response.type_url!r}")
+    resources: list[authz_pb2.AuthzPolicySet] = []
+    for resource in response.resources:
+        decoded = authz_pb2.AuthzPolicySet()
+        if resource.type_url != TYPE_URL or not resource.Unpack(decoded):
+            raise Refused(f"resource of type {resource.type_url!r} is not an AuthzPolicySet")
+        resources.append(decoded)
+    site = [r for r in resources if r.name == RESOURCE_NAME]
+    if len(site) != 1 and len(resources) != 1:
+        raise Refused(f"expected one policy set named {RESOURCE_NAME!r} among {len(resources)} resources")
+    (default,) = site or resources
+    return compile_policy_set(default, [r for r in resources if r is not default])
 
 
 def revocations(response: DiscoveryResponse) -> set[bytes]:

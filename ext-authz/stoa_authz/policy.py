@@ -1,4 +1,5 @@
-"""Policy sets: the AuthzPolicySet delivered over ADS, compiled once at load into lookup structures.
+"""Policy sets: the AuthzPolicySet resources delivered over ADS (`default`, the site-wide part, and the
+route buckets), compiled once at load into lookup structures, as one set.
 
 Everything a decision needs is prepared here (parsed public keys per tenant and issuer, routes by id,
 scopes as frozensets), so a Check only does dictionary look-ups. A set that cannot be used raises
@@ -16,7 +17,7 @@ from typing import Any
 from stoa_ops.policy_sets import KeptVersions, Refused
 from stoa_proto import authz_pb2, inventory_pb2
 from stoa_translate.jwks import KeySetError, VerificationKey, verification_keys_json
-from stoa_translate.policy_set import route_version
+from stoa_translate.policy_set import route_version, set_version
 from stoa_translate.rego import DEFAULT_ENTRYPOINT, RegoError
 
 from stoa_authz import respond
@@ -111,6 +112,11 @@ class _Compiled:
     tenants: dict[tuple[str, tuple[tuple[str, str, str], ...]], dict[str, TrustedIssuer]]
     # A route's deterministic serialisation → its compiled Route.
     routes: dict[bytes, Route]
+    # A route bucket's (name, version) → its compiled routes by id, and the issuer maps they hold by
+    # tenant (reused as a whole only while every one of those maps is still the tenant's).
+    buckets: dict[tuple[str, str], tuple[dict[str, Route], dict[str, dict[str, TrustedIssuer]]]] = field(
+        default_factory=dict
+    )
 
 
 # Newest first. Content-keyed, so reuse gives what compiling again would; only the ADS thread (or a
@@ -119,23 +125,36 @@ _recent: deque[_Compiled] = deque(maxlen=_REUSE_DEPTH)
 _recent_lock = threading.Lock()
 
 
-def compile_policy_set(message: authz_pb2.AuthzPolicySet) -> PolicySet:
-    """Compile `message`, reusing what recent compilations prepared for the same content.
+def compile_policy_set(
+    message: authz_pb2.AuthzPolicySet, buckets: Iterable[authz_pb2.AuthzPolicySet] = ()
+) -> PolicySet:
+    """Compile the set made of `message` (its `default` resource: the site-wide lists, and routes if
+    any) and its route `buckets`, reusing what recent compilations prepared for the same content.
 
-    A new version usually differs by a route or two (a deployment, an edit): unchanged routes keep
-    their compiled Route and unchanged tenants their parsed keys, so the cost follows the change,
-    not the estate. Each set gets its own route map; shared Route objects are immutable.
+    A new version usually differs by a route or two (a deployment, an edit): an unchanged bucket
+    keeps its compiled routes as a whole (by name and version), unchanged routes elsewhere their
+    compiled Route and unchanged tenants their parsed keys, so the cost follows the change, not the
+    estate. Each set gets its own route map; shared Route objects are immutable.
     """
-    if not message.version:
-        raise PolicyError("policy set has no version")
+    buckets = tuple(buckets)
+    for resource in (message, *buckets):
+        if not resource.version:
+            raise PolicyError(f"policy set {resource.name or 'default'!r} has no version")
+    for bucket in buckets:
+        if bucket.issuers or bucket.consumers or bucket.subscriptions or bucket.revoked_key_sha256:
+            raise PolicyError(f"policy set {bucket.name!r}: only routes belong in a route bucket")
     with _recent_lock:
         recent = tuple(_recent)
-        policy_set, compiled = _compile(message, recent)
+        policy_set, compiled = _compile(message, buckets, recent)
         _recent.appendleft(compiled)
     return policy_set
 
 
-def _compile(message: authz_pb2.AuthzPolicySet, recent: tuple[_Compiled, ...]) -> tuple[PolicySet, _Compiled]:
+def _compile(
+    message: authz_pb2.AuthzPolicySet,
+    buckets: tuple[authz_pb2.AuthzPolicySet, ...],
+    recent: tuple[_Compiled, ...],
+) -> tuple[PolicySet, _Compiled]:
     done = _Compiled({}, {}, {})
     listed: dict[str, list[inventory_pb2.TrustedIssuer]] = {}
     for issuer in message.issuers:
@@ -166,22 +185,47 @@ def _compile(message: authz_pb2.AuthzPolicySet, recent: tuple[_Compiled, ...]) -
         done.tenants[content] = tenant
         issuers[tenant_id] = tenant
     routes: dict[str, Route] = {}
-    for route in message.routes:
+    _compile_routes(message.routes, routes, issuers, recent, done)
+    for bucket in buckets:
+        key = (bucket.name, bucket.version)
+        if key in done.buckets:
+            raise PolicyError(f"policy set {bucket.name!r}: listed twice")
+        hit = next((c.buckets[key] for c in recent if key in c.buckets), None)
+        if hit is not None and all(issuers.get(t, _NO_ISSUERS) is m for t, m in hit[1].items()):
+            if not routes.keys().isdisjoint(hit[0]):
+                raise PolicyError(f"route {min(routes.keys() & hit[0])!r}: listed twice")
+            routes.update(hit[0])
+            done.buckets[key] = hit
+            continue
+        own: dict[str, Route] = {}
+        _compile_routes(bucket.routes, own, issuers, recent, done, routes)
+        routes.update(own)
+        done.buckets[key] = (own, {r.tenant_id: r.issuers for r in own.values()})
+    policy_set = PolicySet(set_version((message, *buckets)), routes)
+    _compile_consumers(message, policy_set)
+    return policy_set, done
+
+
+def _compile_routes(
+    listed: Iterable[authz_pb2.AuthzRoute],
+    routes: dict[str, Route],
+    issuers: dict[str, dict[str, TrustedIssuer]],
+    recent: tuple[_Compiled, ...],
+    done: _Compiled,
+    elsewhere: dict[str, Route] | None = None,
+) -> None:
+    """Each route of `listed` into `routes`, reused by content from recent compilations where it can
+    be (`elsewhere`: the routes of the set compiled so far, for the duplicate check)."""
+    for route in listed:
         content_key = route.SerializeToString(deterministic=True)
         tenant = issuers.get(route.tenant_id, _NO_ISSUERS)
         compiled = next((c.routes[content_key] for c in recent if content_key in c.routes), None)
-        if compiled is None:
-            compiled = _compile_route(route, routes, tenant)
-        else:
-            if compiled.route_id in routes:
-                raise PolicyError(f"route {compiled.route_id!r}: listed twice")
-            if compiled.issuers is not tenant:
-                compiled = replace(compiled, issuers=tenant)
+        if compiled is None or compiled.route_id in routes or (elsewhere and compiled.route_id in elsewhere):
+            compiled = _compile_route(route, routes, tenant, elsewhere)
+        elif compiled.issuers is not tenant:
+            compiled = replace(compiled, issuers=tenant)
         routes[compiled.route_id] = compiled
         done.routes[content_key] = compiled
-    policy_set = PolicySet(message.version, routes)
-    _compile_consumers(message, policy_set)
-    return policy_set, done
 
 
 def digest_of(hex_digest: str, where: str) -> bytes:
@@ -246,12 +290,15 @@ def _parsed_keys(
 
 
 def _compile_route(
-    route: authz_pb2.AuthzRoute, routes: dict[str, Route], issuers: dict[str, TrustedIssuer]
+    route: authz_pb2.AuthzRoute,
+    routes: dict[str, Route],
+    issuers: dict[str, TrustedIssuer],
+    elsewhere: dict[str, Route] | None = None,
 ) -> Route:
     where = f"route {route.route_id!r}"
     if not route.route_id or not route.tenant_id:
         raise PolicyError(f"{where}: route_id and tenant_id are required")
-    if route.route_id in routes:
+    if route.route_id in routes or (elsewhere and route.route_id in elsewhere):
         raise PolicyError(f"{where}: listed twice")
     if route.auth_mode not in ("", "jwt", "none", "api_key"):
         raise PolicyError(f"{where}: unsupported auth mode {route.auth_mode!r}")

@@ -66,7 +66,6 @@ def policy_message(idp: DevIdentityProvider, version: str = "v1") -> authz_pb2.A
         name="default",
         version=version,
         gateway_id="gw-1",
-        generation=1,
         routes=[ROUTES["orders"], ROUTES["open"]],
         issuers=[
             inventory_pb2.TrustedIssuer(tenant_id="acme", issuer=idp.issuer, jwks_json=json.dumps(idp.jwks()))

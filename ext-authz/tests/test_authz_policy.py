@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
 from joserfc.jwk import ECKey, OctKey, OKPKey, RSAKey
+from stoa_authz import ads
 from stoa_authz.policy import PolicyError, PolicyStore, compile_policy_set
+from stoa_ops.policy_sets import Refused
+from stoa_proto import authz_pb2
+from stoa_translate.policy_set import set_version
 
 
 def with_jwks(policy, idp, jwks_json: str):
@@ -151,3 +156,82 @@ def test_tenants_trusting_the_same_issuer_keep_their_own(idp, policy):
         acme, globex = compiled.routes["orders"].issuers, compiled.routes["other"].issuers
         assert acme is not globex
         assert acme[idp.issuer] is not globex[idp.issuer]
+
+
+def split(message, version: str = "b"):
+    """`message` as the Link serves it: `default` (the site-wide part) and one route bucket per route."""
+    buckets = []
+    for n, route in enumerate(message.routes):
+        bucket = authz_pb2.AuthzPolicySet(name=f"routes-{n:03d}", version=f"{version}{n}")
+        bucket.routes.add().CopyFrom(route)
+        buckets.append(bucket)
+    del message.routes[:]
+    return message, buckets
+
+
+def test_the_site_resource_and_its_route_buckets_compile_as_one_set(idp, policy):
+    default, buckets = split(policy(idp, "site-1"))
+    compiled = compile_policy_set(default, buckets)
+    assert set(compiled.routes) == {"orders", "open"}
+    assert compiled.version == set_version([default, *buckets]) not in ("site-1", "b0", "b1")
+    assert set(compiled.routes["orders"].issuers[idp.issuer].keys) == {idp.kid}
+    store = PolicyStore()
+    store.add(compiled)
+    orders = compiled.routes["orders"]
+    assert store.for_route("orders", orders.version) == (compiled, orders)
+    # A set without the bucket of a route does not know it: its Checks are denied, never allowed.
+    without = compile_policy_set(default, buckets[1:])
+    assert "orders" not in without.routes
+    alone = PolicyStore()
+    alone.add(without)
+    assert alone.for_route("orders", orders.version) is None
+    assert not alone.knows("orders")
+
+
+def test_an_unchanged_bucket_is_reused_whole_and_a_changed_one_compiled(idp, policy):
+    default, buckets = split(policy(idp, "reuse-1"), "r")
+    first = compile_policy_set(default, buckets)
+    edited = authz_pb2.AuthzPolicySet()
+    edited.CopyFrom(buckets[1])
+    edited.version, edited.routes[0].api_id = "r1-edited", "open-2"
+    second = compile_policy_set(default, [buckets[0], edited])
+    assert second.routes["orders"] is first.routes["orders"]
+    assert (second.routes["open"].api_id, first.routes["open"].api_id) == ("open-2", "open")
+    # Other issuers: a reused bucket's routes hold the tenant's new issuer map, not the old one.
+    moved = authz_pb2.AuthzPolicySet()
+    moved.CopyFrom(default)
+    moved.version, moved.issuers[0].jwks_uri = "reuse-2", "https://idp.example/jwks"
+    third = compile_policy_set(moved, [buckets[0], edited])
+    assert third.routes["orders"].issuers is not first.routes["orders"].issuers
+    assert third.routes["orders"].issuers[idp.issuer].jwks_uri == "https://idp.example/jwks"
+
+
+def test_buckets_are_refused_for_what_a_set_is_refused_for(idp, policy):
+    default, buckets = split(policy(idp, "dup-1"))
+    twice = authz_pb2.AuthzPolicySet(name="routes-009", version="x")
+    twice.routes.add().CopyFrom(buckets[0].routes[0])
+    for listed in ([*buckets, twice], [*buckets, buckets[0]]):
+        with pytest.raises(PolicyError, match="listed twice"):
+            compile_policy_set(default, listed)
+    unversioned = authz_pb2.AuthzPolicySet(name="routes-010")
+    with pytest.raises(PolicyError, match="'routes-010' has no version"):
+        compile_policy_set(default, [*buckets, unversioned])
+    site_wide = authz_pb2.AuthzPolicySet(name="routes-011", version="y", revoked_key_sha256=["00" * 32])
+    with pytest.raises(PolicyError, match="only routes belong in a route bucket"):
+        compile_policy_set(default, [*buckets, site_wide])
+
+
+def test_a_response_is_taken_as_its_default_and_its_buckets(idp, policy):
+    default, buckets = split(policy(idp, "resp-1"))
+
+    def response(*resources):
+        answer = DiscoveryResponse(type_url=ads.TYPE_URL, version_info="1")
+        for resource in resources:
+            answer.resources.add().Pack(resource)
+        return answer
+
+    compiled = ads.decode(response(buckets[1], default, buckets[0]))
+    assert (set(compiled.routes), compiled.version) == ({"orders", "open"}, set_version([default, *buckets]))
+    for wrong in (response(*buckets), response(default, default, *buckets)):
+        with pytest.raises(Refused, match="expected one policy set named 'default'"):
+            ads.decode(wrong)

@@ -87,8 +87,8 @@ def desired_route_version(estate: Estate) -> str:
     """The version of route `orders`' entry in the gateway's desired policy set (from the CP's preview
     of the Link's translation): what Envoy's route built with that set names in each Check (Envoy
     redacts context extensions in its config dump)."""
-    sets = estate.admin.preview()["policy_sets"][AUTHZ_POLICY_SET]
-    (entry,) = [r for r in sets[0]["routes"] if r["route_id"] == "orders"]
+    resources = estate.admin.preview()["policy_sets"][AUTHZ_POLICY_SET]  # `default` and the route buckets
+    (entry,) = [r for s in resources for r in s.get("routes", []) if r["route_id"] == "orders"]
     return route_version(json_format.ParseDict(entry, authz_pb2.AuthzRoute()))
 
 

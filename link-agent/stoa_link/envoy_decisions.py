@@ -16,8 +16,10 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
+from google.protobuf.message import Message
 from stoa_proto.decisions import DECISION_EVENT
 from stoa_translate.decision.error_contract import reason_of
+from stoa_translate.policy_set import set_version
 from stoa_translate.snapshot import AUTHZ_POLICY_SET, Snapshot
 
 from stoa_link.ads.identity import peer_identity
@@ -34,6 +36,7 @@ class EnvoyDecisions(als_pb2_grpc.AccessLogServiceServicer):
         self._served = served
         self._routes: dict[str, tuple[str, str]] = {}
         self._version = ""
+        self._resources: tuple[Message, ...] = ()
 
     async def StreamAccessLogs(
         self,
@@ -74,8 +77,11 @@ class EnvoyDecisions(als_pb2_grpc.AccessLogServiceServicer):
 
     def _route(self, route_id: str) -> tuple[str, str]:
         snapshot = self._served()
-        current = next(iter(snapshot.of(AUTHZ_POLICY_SET)), None) if snapshot is not None else None
-        if current is not None and current.version != self._version:  # type: ignore[attr-defined]
-            self._routes = {r.route_id: (r.tenant_id, r.api_id) for r in current.routes}
-            self._version = current.version
+        # The policy set's resources (`default` and the route buckets): a snapshot holds them as one
+        # tuple, the same object while they are unchanged.
+        resources = snapshot.of(AUTHZ_POLICY_SET) if snapshot is not None else ()
+        if resources and resources is not self._resources:
+            self._routes = {r.route_id: (r.tenant_id, r.api_id) for s in resources for r in s.routes}  # type: ignore[attr-defined]
+            self._version = set_version(resources)  # type: ignore[arg-type]
+            self._resources = resources
         return self._routes.get(route_id, ("", ""))

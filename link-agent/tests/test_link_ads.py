@@ -46,7 +46,7 @@ def snapshot(generation: int, clusters: list[str], with_policy_set: bool = True)
         ],
     }
     if with_policy_set:
-        resources[AUTHZ_POLICY_SET] = [authz_pb2.AuthzPolicySet(name="default", generation=generation)]
+        resources[AUTHZ_POLICY_SET] = [authz_pb2.AuthzPolicySet(name="default", version=f"g{generation}")]
     return Snapshot.build("gw", generation, resources)
 
 

@@ -40,7 +40,6 @@ class CompiledTool:
 @dataclass(frozen=True)
 class Registry:
     version: str = ""
-    generation: int = 0
     # api_id → tenant of each MCP route.
     routes: dict[str, str] = field(default_factory=dict)
     # (tenant, name) → tool.
@@ -76,4 +75,4 @@ def compile_policy_set(policy_set: mcp_pb2.McpPolicySet) -> Registry:
             Draft202012Validator(output_schema) if output_schema is not None else None,
             description,
         )
-    return Registry(policy_set.version, policy_set.generation, routes, tools)
+    return Registry(policy_set.version, routes, tools)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from stoa_proto import inventory_pb2 as stoa__proto_dot_inventory__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16stoa_proto/authz.proto\x12\rstoa.authz.v1\x1a\x1astoa_proto/inventory.proto\"\xe6\x01\n\nAuthzRoute\x12\x10\n\x08route_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61pi_id\x18\x03 \x01(\t\x12\x11\n\tauth_mode\x18\x04 \x01(\t\x12\x0e\n\x06scopes\x18\x05 \x03(\t\x12\x19\n\x11verified_by_envoy\x18\x06 \x01(\x08\x12\x10\n\x08\x65nvelope\x18\x07 \x01(\x08\x12\x12\n\nkey_header\x18\x08 \x01(\t\x12\x14\n\x0csubscription\x18\t \x01(\x08\x12)\n\x03opa\x18\n \x01(\x0b\x32\x1c.stoa.inventory.v1.OpaPolicy\"\xb9\x02\n\x0e\x41uthzPolicySet\x12\x0c\n\x04name\x18\x06 \x01(\t\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x12\n\ngateway_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12)\n\x06routes\x18\x04 \x03(\x0b\x32\x19.stoa.authz.v1.AuthzRoute\x12\x31\n\x07issuers\x18\x05 \x03(\x0b\x32 .stoa.inventory.v1.TrustedIssuer\x12.\n\tconsumers\x18\x07 \x03(\x0b\x32\x1b.stoa.inventory.v1.Consumer\x12\x36\n\rsubscriptions\x18\x08 \x03(\x0b\x32\x1f.stoa.inventory.v1.Subscription\x12\x1a\n\x12revoked_key_sha256\x18\t \x03(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16stoa_proto/authz.proto\x12\rstoa.authz.v1\x1a\x1astoa_proto/inventory.proto\"\xe6\x01\n\nAuthzRoute\x12\x10\n\x08route_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06\x61pi_id\x18\x03 \x01(\t\x12\x11\n\tauth_mode\x18\x04 \x01(\t\x12\x0e\n\x06scopes\x18\x05 \x03(\t\x12\x19\n\x11verified_by_envoy\x18\x06 \x01(\x08\x12\x10\n\x08\x65nvelope\x18\x07 \x01(\x08\x12\x12\n\nkey_header\x18\x08 \x01(\t\x12\x14\n\x0csubscription\x18\t \x01(\x08\x12)\n\x03opa\x18\n \x01(\x0b\x32\x1c.stoa.inventory.v1.OpaPolicy\"\xb7\x02\n\x0e\x41uthzPolicySet\x12\x0c\n\x04name\x18\x06 \x01(\t\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x12\n\ngateway_id\x18\x02 \x01(\t\x12)\n\x06routes\x18\x04 \x03(\x0b\x32\x19.stoa.authz.v1.AuthzRoute\x12\x31\n\x07issuers\x18\x05 \x03(\x0b\x32 .stoa.inventory.v1.TrustedIssuer\x12.\n\tconsumers\x18\x07 \x03(\x0b\x32\x1b.stoa.inventory.v1.Consumer\x12\x36\n\rsubscriptions\x18\x08 \x03(\x0b\x32\x1f.stoa.inventory.v1.Subscription\x12\x1a\n\x12revoked_key_sha256\x18\t \x03(\tJ\x04\x08\x03\x10\x04R\ngenerationb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,5 +35,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AUTHZROUTE']._serialized_start=70
   _globals['_AUTHZROUTE']._serialized_end=300
   _globals['_AUTHZPOLICYSET']._serialized_start=303
-  _globals['_AUTHZPOLICYSET']._serialized_end=616
+  _globals['_AUTHZPOLICYSET']._serialized_end=614
 # @@protoc_insertion_point(module_scope)

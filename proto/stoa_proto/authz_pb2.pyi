@@ -32,11 +32,10 @@ class AuthzRoute(_message.Message):
     def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., auth_mode: _Optional[str] = ..., scopes: _Optional[_Iterable[str]] = ..., verified_by_envoy: _Optional[bool] = ..., envelope: _Optional[bool] = ..., key_header: _Optional[str] = ..., subscription: _Optional[bool] = ..., opa: _Optional[_Union[_inventory_pb2.OpaPolicy, _Mapping]] = ...) -> None: ...
 
 class AuthzPolicySet(_message.Message):
-    __slots__ = ("name", "version", "gateway_id", "generation", "routes", "issuers", "consumers", "subscriptions", "revoked_key_sha256")
+    __slots__ = ("name", "version", "gateway_id", "routes", "issuers", "consumers", "subscriptions", "revoked_key_sha256")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
-    GENERATION_FIELD_NUMBER: _ClassVar[int]
     ROUTES_FIELD_NUMBER: _ClassVar[int]
     ISSUERS_FIELD_NUMBER: _ClassVar[int]
     CONSUMERS_FIELD_NUMBER: _ClassVar[int]
@@ -45,10 +44,9 @@ class AuthzPolicySet(_message.Message):
     name: str
     version: str
     gateway_id: str
-    generation: int
     routes: _containers.RepeatedCompositeFieldContainer[AuthzRoute]
     issuers: _containers.RepeatedCompositeFieldContainer[_inventory_pb2.TrustedIssuer]
     consumers: _containers.RepeatedCompositeFieldContainer[_inventory_pb2.Consumer]
     subscriptions: _containers.RepeatedCompositeFieldContainer[_inventory_pb2.Subscription]
     revoked_key_sha256: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[AuthzRoute, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[_inventory_pb2.TrustedIssuer, _Mapping]]] = ..., consumers: _Optional[_Iterable[_Union[_inventory_pb2.Consumer, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[_inventory_pb2.Subscription, _Mapping]]] = ..., revoked_key_sha256: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., gateway_id: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[AuthzRoute, _Mapping]]] = ..., issuers: _Optional[_Iterable[_Union[_inventory_pb2.TrustedIssuer, _Mapping]]] = ..., consumers: _Optional[_Iterable[_Union[_inventory_pb2.Consumer, _Mapping]]] = ..., subscriptions: _Optional[_Iterable[_Union[_inventory_pb2.Subscription, _Mapping]]] = ..., revoked_key_sha256: _Optional[_Iterable[str]] = ...) -> None: ...

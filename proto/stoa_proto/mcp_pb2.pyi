@@ -49,20 +49,18 @@ class McpRoute(_message.Message):
     def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., path_prefix: _Optional[str] = ...) -> None: ...
 
 class McpPolicySet(_message.Message):
-    __slots__ = ("name", "version", "gateway_id", "generation", "routes", "tools")
+    __slots__ = ("name", "version", "gateway_id", "routes", "tools")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
-    GENERATION_FIELD_NUMBER: _ClassVar[int]
     ROUTES_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     gateway_id: str
-    generation: int
     routes: _containers.RepeatedCompositeFieldContainer[McpRoute]
     tools: _containers.RepeatedCompositeFieldContainer[Tool]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[McpRoute, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., gateway_id: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[McpRoute, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ...) -> None: ...
 
 class ToolPermissions(_message.Message):
     __slots__ = ("name", "version", "seq", "jws")

@@ -111,15 +111,13 @@ class ProcRoute(_message.Message):
     def __init__(self, route_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., api_id: _Optional[str] = ..., guardrails: _Optional[_Union[Guardrails, _Mapping]] = ..., transform: _Optional[_Union[Transform, _Mapping]] = ..., token_budget: _Optional[_Union[TokenBudgetRule, _Mapping]] = ...) -> None: ...
 
 class ProcPolicySet(_message.Message):
-    __slots__ = ("name", "version", "gateway_id", "generation", "routes")
+    __slots__ = ("name", "version", "gateway_id", "routes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
-    GENERATION_FIELD_NUMBER: _ClassVar[int]
     ROUTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     gateway_id: str
-    generation: int
     routes: _containers.RepeatedCompositeFieldContainer[ProcRoute]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., gateway_id: _Optional[str] = ..., generation: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[ProcRoute, _Mapping]]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., gateway_id: _Optional[str] = ..., routes: _Optional[_Iterable[_Union[ProcRoute, _Mapping]]] = ...) -> None: ...

@@ -132,7 +132,7 @@ class Translator:
             site.generation,
             {
                 **envoy,
-                AUTHZ_POLICY_SET: [policy_set],
+                AUTHZ_POLICY_SET: policy_set,
                 PROC_POLICY_SET: [proc_set],
                 MCP_POLICY_SET: [render_mcp_policy_set(site)],
             },

@@ -32,7 +32,7 @@ from stoa_translate import ir, mcp
 from stoa_translate.clusters import backend_clusters
 from stoa_translate.decision import placement
 from stoa_translate.options import TranslateOptions
-from stoa_translate.policy_set import render_policy_set, restamped, route_entry
+from stoa_translate.policy_set import render_bucket, route_bucket, route_entry
 from stoa_translate.refusal import FailureReason, Refusal, invalid
 from stoa_translate.routes import (
     ROUTE_CONFIG_NAME,
@@ -52,6 +52,7 @@ from stoa_translate.snapshot import (
     SCOPED_ROUTE,
     Snapshot,
     clusters_named,
+    resource_name,
 )
 
 # The inventory's lists a change may touch and still be applied here.
@@ -97,8 +98,8 @@ class Kept:
     keys: Counter[str]
     key_list: list[str]
     scope_list: list[scoped_route_pb2.ScopedRouteConfiguration]
-    entry_ids: list[str]  # route ids in order, and their policy-set entries
-    entry_list: list[bytes]
+    entries: dict[str, dict[str, bytes]]  # policy-set bucket → route id → the route's entry
+    buckets: dict[str, Message]  # policy-set bucket → its resource
     previous: Snapshot
 
     @classmethod
@@ -158,8 +159,8 @@ class Kept:
             keys=key_counts,
             key_list=sorted(key_counts) if by_scope else [],
             scope_list=list(snapshot.of(SCOPED_ROUTE)),  # type: ignore[arg-type]
-            entry_ids=[r.route_id for r in routes],
-            entry_list=[route_entry(r) for r in routes],
+            entries=_entries(routes),
+            buckets={resource_name(r): r for r in snapshot.of(AUTHZ_POLICY_SET)[1:]},
             previous=snapshot,
         )
 
@@ -228,8 +229,12 @@ class Kept:
         if not self._same_site(old, new):
             return None
         self._check_prefixes(old, new)
-        entries_changed = {i: route_entry(r) for i, r in old.items()} != {
-            i: route_entry(r) for i, r in new.items() if r is not None
+        entries_before = {i: route_entry(r) for i, r in old.items()}
+        entries_after = {i: route_entry(r) for i, r in new.items() if r is not None}
+        buckets_changed = {
+            route_bucket(i)
+            for i in entries_before.keys() | entries_after.keys()
+            if entries_before.get(i) != entries_after.get(i)
         }
 
         # Nothing refused: from here on the kept state moves to the new generation.
@@ -259,7 +264,7 @@ class Kept:
         keys_gone = {key for key, count in held_before.items() if count and key not in self.keys}
         keys_new = {key for key, count in held_before.items() if not count and key in self.keys}
         snapshot = self._snapshot(
-            delta.generation, touched, keys_gone, keys_new, backends_before, entries_changed
+            delta.generation, touched, keys_gone, keys_new, backends_before, buckets_changed
         )
         clusters = {c.name for c in snapshot.of(CLUSTER)}  # type: ignore[attr-defined]
         for body in bodies:
@@ -349,13 +354,13 @@ class Kept:
             raise invalid(f"routes {first} and {second}: same path prefix {prefix}")
 
     def _remove_entry(self, route_id: str) -> None:
-        at = bisect.bisect_left(self.entry_ids, route_id)
-        del self.entry_ids[at], self.entry_list[at]
+        bucket = route_bucket(route_id)
+        del self.entries[bucket][route_id]
+        if not self.entries[bucket]:
+            del self.entries[bucket]
 
     def _add_entry(self, route: ir.RouteIR) -> None:
-        at = bisect.bisect_left(self.entry_ids, route.route_id)
-        self.entry_ids.insert(at, route.route_id)
-        self.entry_list.insert(at, route_entry(route))
+        self.entries.setdefault(route_bucket(route.route_id), {})[route.route_id] = route_entry(route)
 
     def _snapshot(
         self,
@@ -364,7 +369,7 @@ class Kept:
         keys_gone: set[str],
         keys_new: set[str],
         backends_before: set[str],
-        entries_changed: bool,
+        buckets_changed: set[str],
     ) -> Snapshot:
         previous = self.previous
         for name in touched:
@@ -401,22 +406,24 @@ class Kept:
             # The services' clusters as they were (the routes' site-wide facts are unchanged).
             services = [c for c in clusters if c.name not in backends_before]  # type: ignore[attr-defined]
             clusters = [*backend_clusters(self.backend_of), *services]
-        authz = previous.of(AUTHZ_POLICY_SET)[0]
-        stub = dataclasses.replace(self.site, routes=(), generation=generation)
-        if entries_changed:
-            rendered_set = render_policy_set(stub, b"".join(self.entry_list))
-            if rendered_set.version == authz.version:  # type: ignore[attr-defined]
-                rendered_set = restamped(authz, generation)  # type: ignore[type-var]
-            authz = rendered_set
-        else:
-            authz = restamped(authz, generation)  # type: ignore[type-var]
+        # The policy sets carry no generation: unchanged content is the same object, served as it was;
+        # of the authorization set, only the buckets of the routes whose entries changed are rebuilt.
+        authz: tuple[Message, ...] = previous.of(AUTHZ_POLICY_SET)
+        if buckets_changed:
+            for name in buckets_changed:
+                rows = self.entries.get(name)
+                if rows is None:
+                    self.buckets.pop(name, None)
+                    continue
+                rebuilt = render_bucket(name, [rows[i] for i in sorted(rows)], self.site)
+                if rebuilt.version != getattr(self.buckets.get(name), "version", None):
+                    self.buckets[name] = rebuilt
+            authz = (authz[0], *(self.buckets[n] for n in sorted(self.buckets)))
         resources: dict[str, Iterable[Message]] = {
             **previous.resources,
             CLUSTER: clusters,
             ROUTE: tuple(self.tables[n] for n in sorted(self.tables)),
-            AUTHZ_POLICY_SET: (authz,),
-            PROC_POLICY_SET: (restamped(previous.of(PROC_POLICY_SET)[0], generation),),  # type: ignore[type-var]
-            MCP_POLICY_SET: (restamped(previous.of(MCP_POLICY_SET)[0], generation),),  # type: ignore[type-var]
+            AUTHZ_POLICY_SET: authz,
         }
         if self.by_scope:
             resources[SCOPED_ROUTE] = scopes
@@ -424,6 +431,13 @@ class Kept:
         snapshot = Snapshot.build(self.site.gateway_id, generation, resources, previous, ordered, edits)
         self.previous = snapshot
         return snapshot
+
+
+def _entries(routes: Iterable[ir.RouteIR]) -> dict[str, dict[str, bytes]]:
+    entries: dict[str, dict[str, bytes]] = {}
+    for route in routes:
+        entries.setdefault(route_bucket(route.route_id), {})[route.route_id] = route_entry(route)
+    return entries
 
 
 def _decrement(counter: Counter[str], key: str) -> None:

@@ -17,7 +17,7 @@ from stoa_proto.paths import REFUSED_PATHS
 from stoa_translate import TranslateOptions, Translator, translate
 from stoa_translate.filters import EXT_PROC_FILTER, PROCESSED_BUFFER_FILTER
 from stoa_translate.policies.cors import origin_matcher
-from stoa_translate.policy_set import route_version
+from stoa_translate.policy_set import POLICY_BUCKETS, merged, route_bucket, route_version, set_version
 from stoa_translate.refusal import FailureReason, Refusal
 from stoa_translate.routes import REFUSAL_ROUTES, ROUTE_TABLE_BUCKETS, SCOPE_KEY_HEADER, scope_key, table_name
 from stoa_translate.snapshot import (
@@ -25,6 +25,8 @@ from stoa_translate.snapshot import (
     CLUSTER,
     ENVOY_TYPES,
     LISTENER,
+    MCP_POLICY_SET,
+    PROC_POLICY_SET,
     ROUTE,
     SCOPED_ROUTE,
     Snapshot,
@@ -140,21 +142,22 @@ def test_same_inventory_same_version_whatever_the_input_order() -> None:
     assert one.resources == shuffled.resources
 
 
-def test_generation_only_change_keeps_envoy_resources_and_policy_set_version() -> None:
+def test_generation_only_change_keeps_every_resource_byte_for_byte() -> None:
     first = translate(inventory(BASE, generation=1), OPTIONS)
     later = translate(inventory(BASE, generation=9), OPTIONS)
     assert envoy_bytes(first) == envoy_bytes(later)
-    (set_1,), (set_9,) = first.of(AUTHZ_POLICY_SET), later.of(AUTHZ_POLICY_SET)
-    assert set_1.version == set_9.version
-    assert (set_1.generation, set_9.generation) == (1, 9)
-    assert later.generation == 9
+    for type_url in (AUTHZ_POLICY_SET, PROC_POLICY_SET, MCP_POLICY_SET):
+        assert [r.SerializeToString(deterministic=True) for r in first.of(type_url)] == [
+            r.SerializeToString(deterministic=True) for r in later.of(type_url)
+        ], type_url
+    assert (first.version, first.generation, later.generation) == (later.version, 1, 9)
 
 
 def test_content_change_changes_versions() -> None:
     first = translate(inventory(BASE), OPTIONS)
     scoped = translate(inventory([dict(BASE[0], scopes=["admin"]), *BASE[1:]], 2), OPTIONS)
     assert first.version != scoped.version
-    assert first.of(AUTHZ_POLICY_SET)[0].version != scoped.of(AUTHZ_POLICY_SET)[0].version
+    assert merged(first.of(AUTHZ_POLICY_SET)).version != merged(scoped.of(AUTHZ_POLICY_SET)).version
 
 
 def _context_extensions(
@@ -167,7 +170,7 @@ def _context_extensions(
 
 def test_every_route_carries_its_context_extensions_with_its_own_entrys_version() -> None:
     snapshot = translate(inventory([route("a", tenant_id="t1", api_id="api-a"), route("b")]), OPTIONS)
-    (policy_set,) = snapshot.of(AUTHZ_POLICY_SET)
+    policy_set = merged(snapshot.of(AUTHZ_POLICY_SET))
     (config,) = snapshot.of(ROUTE)
     # Nothing of the policy set on the virtual host: a Check names its route's entry only.
     assert "envoy.filters.http.ext_authz" not in config.virtual_hosts[0].typed_per_filter_config
@@ -187,7 +190,7 @@ def test_a_policy_set_change_elsewhere_leaves_the_route_configuration_byte_ident
     issuers = [{"tenant_id": "acme", "issuer": "https://idp.acme", "jwks_json": "{}"}]
     before = translate(inventory(BASE), OPTIONS)
     after = translate(inventory(BASE, 2, issuers=issuers), OPTIONS)
-    assert before.of(AUTHZ_POLICY_SET)[0].version != after.of(AUTHZ_POLICY_SET)[0].version
+    assert merged(before.of(AUTHZ_POLICY_SET)).version != merged(after.of(AUTHZ_POLICY_SET)).version
     assert [r.SerializeToString(deterministic=True) for r in before.of(ROUTE)] == [
         r.SerializeToString(deterministic=True) for r in after.of(ROUTE)
     ]
@@ -198,7 +201,7 @@ def test_a_policy_set_change_elsewhere_leaves_the_route_configuration_byte_ident
         _context_extensions(e)["route_version"] for e in entries(scoped) if e.name.startswith(f"{route_id}:")
     }
     assert named == {
-        route_version(r) for r in scoped.of(AUTHZ_POLICY_SET)[0].routes if r.route_id == route_id
+        route_version(r) for r in merged(scoped.of(AUTHZ_POLICY_SET)).routes if r.route_id == route_id
     }
     assert named.isdisjoint(
         _context_extensions(e)["route_version"] for e in entries(before) if e.name.startswith(f"{route_id}:")
@@ -208,7 +211,7 @@ def test_a_policy_set_change_elsewhere_leaves_the_route_configuration_byte_ident
 def test_a_new_route_leaves_the_other_route_entries_byte_identical() -> None:
     before = translate(inventory([route("a"), route("b")]), OPTIONS)
     after = translate(inventory([route("a"), route("b"), route("c")], 2), OPTIONS)
-    assert before.of(AUTHZ_POLICY_SET)[0].version != after.of(AUTHZ_POLICY_SET)[0].version
+    assert merged(before.of(AUTHZ_POLICY_SET)).version != merged(after.of(AUTHZ_POLICY_SET)).version
     kept = {e.name: e.SerializeToString(deterministic=True) for e in entries(before)}
     now = {e.name: e.SerializeToString(deterministic=True) for e in entries(after)}
     assert kept == {name: body for name, body in now.items() if name in kept}
@@ -219,7 +222,7 @@ def test_policy_set_carries_issuers_of_present_tenants_only() -> None:
         {"tenant_id": "acme", "issuer": "https://idp.acme", "jwks_json": "{}"},
         {"tenant_id": "other", "issuer": "https://idp.other", "jwks_json": "{}"},
     ]
-    (policy_set,) = translate(inventory(BASE, issuers=issuers), OPTIONS).of(AUTHZ_POLICY_SET)
+    policy_set = merged(translate(inventory(BASE, issuers=issuers), OPTIONS).of(AUTHZ_POLICY_SET))
     assert [i.issuer for i in policy_set.issuers] == ["https://idp.acme"]
     assert (policy_set.name, policy_set.gateway_id) == ("default", "gw-1")
 
@@ -464,7 +467,7 @@ def test_ten_thousand_routes_translate() -> None:
     snapshot = translate(inventory(routes), OPTIONS)
     assert len(entries(snapshot)) == 10_000
     assert len(snapshot.of(CLUSTER)) == 10_001
-    assert len(snapshot.of(AUTHZ_POLICY_SET)[0].routes) == 10_000
+    assert len(merged(snapshot.of(AUTHZ_POLICY_SET)).routes) == 10_000
 
 
 ORIGINS = [
@@ -626,3 +629,25 @@ def test_a_route_whose_processing_only_inspects_the_request_body_skips_the_heade
     # No route skips the headers message: no buffer after the processor on the listener.
     none_skips = translate(inventory(routes, policies=policies[2:]), OPTIONS)
     assert PROCESSED_BUFFER_FILTER not in [f.name for f in http_manager(none_skips).http_filters]
+
+
+def test_the_policy_set_is_served_as_default_and_route_buckets() -> None:
+    issuers = [{"tenant_id": "acme", "issuer": "https://idp.acme", "jwks_json": "{}"}]
+    routes = [route(f"r{i:02d}") for i in range(40)]
+    resources = translate(inventory(routes, issuers=issuers), OPTIONS).of(AUTHZ_POLICY_SET)
+    site, *buckets = resources
+    assert (site.name, list(site.routes), [i.issuer for i in site.issuers]) == (
+        "default",
+        [],
+        ["https://idp.acme"],
+    )
+    assert all(b.name == route_bucket(r.route_id) and not b.issuers for b in buckets for r in b.routes)
+    assert sorted(r.route_id for b in buckets for r in b.routes) == [r["route_id"] for r in routes]
+    assert 1 < len(buckets) <= POLICY_BUCKETS
+    # One route more: its bucket alone is another resource, and the set's version changes.
+    again = translate(inventory([*routes, route("new")], 2, issuers=issuers), OPTIONS).of(AUTHZ_POLICY_SET)
+    changed = {r.name for r in again} - {r.name for r in resources} or {
+        a.name for a, b in zip(again, resources, strict=True) if a.version != b.version
+    }
+    assert changed == {route_bucket("new")}
+    assert set_version(again) != set_version(resources)

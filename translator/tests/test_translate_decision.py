@@ -15,6 +15,7 @@ from stoa_proto.decisions import Reason
 from stoa_translate import TranslateOptions, translate
 from stoa_translate.decision import error_contract, placement
 from stoa_translate.filters import CLAIMS_RBAC_FILTER, EXT_AUTHZ_FILTER, JWT_AUTHN_FILTER, REQUEST_RBAC_FILTER
+from stoa_translate.policy_set import merged
 from stoa_translate.refusal import Refusal
 from stoa_translate.snapshot import AUTHZ_POLICY_SET, LISTENER, ROUTE, Snapshot
 from stoa_translate.static import static_bootstrap
@@ -101,7 +102,7 @@ def test_each_route_is_decided_at_the_cheapest_place_that_enforces_it() -> None:
         "sealed": placement.SERVICE_VERIFIED_TOKEN,
         "fetched": placement.SERVICE,
     }
-    (policy_set,) = snapshot.of(AUTHZ_POLICY_SET)
+    policy_set = merged(snapshot.of(AUTHZ_POLICY_SET))
     flags = {r.route_id: (r.verified_by_envoy, r.envelope) for r in policy_set.routes}
     assert flags == {
         "jwt": (False, False),

@@ -19,7 +19,7 @@ from stoa_harness.witness import CheckWitness
 from stoa_proto import inventory_pb2
 from stoa_proto.bodies import DENY_BODIES
 from stoa_translate import TranslateOptions, translate
-from stoa_translate.policy_set import route_version
+from stoa_translate.policy_set import merged, route_version
 from stoa_translate.snapshot import AUTHZ_POLICY_SET
 from stoa_translate.static import static_bootstrap
 
@@ -78,7 +78,7 @@ def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         with EnvoyProcess(bootstrap, admin_port, tmp / "envoy.log"):
             url = f"http://127.0.0.1:{port}"
             wait_until(lambda: _answers(url), 15, "the Envoy listener")
-            (policy_set,) = snapshot.of(AUTHZ_POLICY_SET)
+            policy_set = merged(snapshot.of(AUTHZ_POLICY_SET))
             yield Site(url, upstream, witness, {r.route_id: route_version(r) for r in policy_set.routes})
 
 

@@ -78,7 +78,6 @@ def policy_set(idp: DevIdentityProvider) -> DiscoveryResponse:
         name="default",
         version="bench-1",
         gateway_id="gw-bench",
-        generation=1,
         routes=[ORDERS],
         issuers=[
             inventory_pb2.TrustedIssuer(tenant_id="acme", issuer=idp.issuer, jwks_json=json.dumps(idp.jwks()))

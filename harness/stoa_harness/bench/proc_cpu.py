@@ -55,7 +55,7 @@ class NotLetThrough(Exception):
 
 
 def policy_set() -> DiscoveryResponse:
-    message = proc_pb2.ProcPolicySet(name="default", version=VERSION, gateway_id="gw-bench", generation=1)
+    message = proc_pb2.ProcPolicySet(name="default", version=VERSION, gateway_id="gw-bench")
     rules = accept("guardrails", "bench-guard", GUARDRAILS)  # the translator's normal form
     message.routes.add(route_id=ROUTE, tenant_id="acme", api_id=ROUTE).guardrails.CopyFrom(rules)
     resource = any_pb2.Any()

@@ -144,9 +144,7 @@ _Packed = tuple[Message, any_pb2.Any, str, str, int]
 def _packed(type_url: str, res: Message, bodies: Mapping[int, bytes] | None) -> _Packed:
     """One resource packed from the deterministic serialisation (`bodies`: those the snapshot made, by
     object identity). A site service's policy set is identified by its name and its own `version` (the
-    hash of what the service decides on), not by the generation it also carries: the service keeps the
-    set it loaded for a known version anyway (stoa_authz.policy.PolicyStore), so re-sending it for a new
-    generation only costs a reload."""
+    hash of its content), so a set rebuilt with the same content is not hashed whole again."""
     body = bodies.get(id(res)) if bodies else None
     if body is None:
         body = res.SerializeToString(deterministic=True)
