@@ -96,6 +96,7 @@ class Exchange:
     response_encoding: str = ""
     sse: SseGuard | None = None
     outcome: Reason = Reason.ALLOWED
+    attributes_seen: bool = False
     started: float = field(default_factory=time.perf_counter)
 
     @property
@@ -116,6 +117,10 @@ class Exchange:
             # Which reason was decided when the stream opened; the first message carries it out.
             raise Deny(self.outcome)
         if phase == "request_body":
+            if not self.request_headers_sent and not self.attributes_seen:
+                # A body first comes only on a route that skips the headers message, whose headers
+                # Envoy sends as attributes with it: without them its encoding and type are unknown.
+                raise Deny(Reason.INTERNAL_ERROR)
             return self.body(request.request_body.body, request.request_body.end_of_stream, request=True)
         if phase == "response_headers":
             return self.response_headers(request.response_headers)
@@ -149,7 +154,11 @@ class Exchange:
             ("request_encoding", processing.CONTENT_ENCODING),
         ):
             if attribute in fields:
+                if fields[attribute].WhichOneof("kind") != "string_value":
+                    raise Deny(Reason.INTERNAL_ERROR)  # not what the translator asked Envoy for
                 setattr(self, name, fields[attribute].string_value)
+        # Envoy always has a request id: its absence means the attributes did not come as configured.
+        self.attributes_seen = bool(self.request_id)
 
     def request_headers(self, message: HttpHeaders) -> ProcessingResponse:
         headers = _headers(message, _REQUEST_HEADERS)

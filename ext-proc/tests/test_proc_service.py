@@ -23,7 +23,7 @@ from stoa_proc.log import DecisionLog
 from stoa_proc.policy import PolicyStore, compile_policy_set
 from stoa_proc.process import ProcessingService
 from stoa_proto import proc_pb2, processing
-from stoa_proto.bodies import PROC_BODIES
+from stoa_proto.bodies import DENY_BODIES, PROC_BODIES
 from stoa_proto.processing import ROUTE_METADATA, VERSION_METADATA
 from stoa_translate.policies import KINDS
 
@@ -111,7 +111,9 @@ def body_only(body: bytes, **values: str) -> list[ProcessingRequest]:
     what the service reads of the headers as the stream's request attributes."""
     attributes = struct_pb2.Struct()
     names = {"content_type": processing.CONTENT_TYPE, "content_encoding": processing.CONTENT_ENCODING}
-    attributes.update({names.get(k, processing.REQUEST_ID): v for k, v in values.items()})
+    attributes.update(
+        {names.get(k, processing.REQUEST_ID): v for k, v in {"x_request_id": "rid", **values}.items()}
+    )
     message = ProcessingRequest(request_body=HttpBody(body=body, end_of_stream=True))
     message.attributes[processing.ATTRIBUTES_KEY].CopyFrom(attributes)
     return [message]
@@ -207,6 +209,26 @@ def test_a_body_alone_takes_the_request_id_and_type_from_its_attributes() -> Non
     assert (exchange.request_id, exchange.request_type) == ("rid-1", "text/plain")
     # Inspected as the plain text it says it is (JSON would not parse).
     assert answer.request_body.response.body_mutation.body == b"mail [redacted]"
+
+
+@pytest.mark.parametrize(
+    "attributes",
+    [None, {}, {processing.CONTENT_TYPE: "text/plain"}, {processing.REQUEST_ID: 7.0}],
+    ids=["none", "empty", "no-request-id", "not-a-string"],
+)
+async def test_a_body_alone_without_the_attributes_envoy_sends_with_it_is_refused(
+    processor, attributes
+) -> None:
+    stub, _ = processor
+    # Its encoding and type would be unknown: a gzip body would be read as text. Fail closed.
+    message = ProcessingRequest(request_body=HttpBody(body=b"clean", end_of_stream=True))
+    if attributes is not None:
+        struct = struct_pb2.Struct()
+        struct.update(attributes)
+        message.attributes[processing.ATTRIBUTES_KEY].CopyFrom(struct)
+    [answer] = await exchange(stub, [message])
+    assert answer.immediate_response.status.code == 503
+    assert answer.immediate_response.body == DENY_BODIES[503]
 
 
 async def test_event_stream_switches_to_streamed_and_is_cut_at_the_pattern(processor) -> None:

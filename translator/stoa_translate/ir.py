@@ -147,10 +147,8 @@ class SiteIR:
         # was a visible part of a 1-route translation.
         kinds = frozenset(name for route in self.routes if route.policies for name, _ in route.policies)
         buffered = any(route.request_buffer_bytes() is not None for route in self.routes if route.policies)
-        body_only = any(route.skips_request_headers() for route in self.routes if route.policies)
         object.__setattr__(self, "_kinds", kinds)
         object.__setattr__(self, "_buffered", buffered)
-        object.__setattr__(self, "_body_only", body_only)
 
     def needs(self, kind: str) -> bool:
         return kind in self._kinds  # type: ignore[attr-defined]
@@ -160,10 +158,6 @@ class SiteIR:
 
     def needs_request_buffer(self) -> bool:
         return bool(self._buffered)  # type: ignore[attr-defined]
-
-    def needs_processed_buffer(self) -> bool:
-        """Some route skips the request-headers message (`RouteIR.skips_request_headers`)."""
-        return bool(self._body_only)  # type: ignore[attr-defined]
 
 
 # Route content (deterministic serialisation) → its IR without policies. Content-keyed, so a hit is

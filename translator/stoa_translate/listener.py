@@ -203,7 +203,10 @@ def _chain(site: SiteIR, options: TranslateOptions) -> list[tuple[str, message.M
             configs[CLAIMS_RBAC_FILTER] = rbac_pb2.RBAC()
     if site.needs_request_buffer():
         configs[BUFFER_FILTER] = buffer_filter()
-    if site.needs_processed_buffer():
+    if site.needs_processing():
+        # Off unless a route that skips the request-headers message turns it on. On the listener
+        # whenever the processor is: the first such route then changes only routes, and connections
+        # still draining on an older listener never meet it without its buffer.
         configs[PROCESSED_BUFFER_FILTER] = buffer_filter()
     # A position in the order table holds one filter, or a kind's several instances.
     chain: dict[str, list[tuple[str, message.Message, bool]]] = {

@@ -626,9 +626,16 @@ def test_a_route_whose_processing_only_inspects_the_request_body_skips_the_heade
     }
     names = [f.name for f in http_manager(snapshot).http_filters]
     assert names.index(EXT_PROC_FILTER) + 1 == names.index(PROCESSED_BUFFER_FILTER)
-    # No route skips the headers message: no buffer after the processor on the listener.
+    # No route skips the headers message: the buffer after the processor stays on the listener, off
+    # (so a route that comes to skip it changes no listener), and no route turns it on.
     none_skips = translate(inventory(routes, policies=policies[2:]), OPTIONS)
-    assert PROCESSED_BUFFER_FILTER not in [f.name for f in http_manager(none_skips).http_filters]
+    [processed] = [f for f in http_manager(none_skips).http_filters if f.name == PROCESSED_BUFFER_FILTER]
+    assert processed.disabled
+    assert not any(PROCESSED_BUFFER_FILTER in entry.typed_per_filter_config for entry in entries(none_skips))
+    # No processing at all: neither the processor nor its buffer.
+    plain = [f.name for f in http_manager(translate(inventory(routes), OPTIONS)).http_filters]
+    assert EXT_PROC_FILTER not in plain
+    assert PROCESSED_BUFFER_FILTER not in plain
 
 
 def test_the_policy_set_is_served_as_default_and_route_buckets() -> None:
