@@ -34,10 +34,12 @@ def decode(response: DiscoveryResponse) -> PolicySet:
         if resource.type_url != TYPE_URL or not resource.Unpack(decoded):
             raise Refused(f"resource of type {resource.type_url!r} is not an AuthzPolicySet")
         resources.append(decoded)
-    site = [r for r in resources if r.name == RESOURCE_NAME]
-    if len(site) != 1 and len(resources) != 1:
+    # The site resource is the one named `default` (a lone unnamed set is one from before buckets):
+    # a bucket alone would be taken for a site with no issuers, consumers or subscriptions.
+    site = [r for r in resources if r.name == RESOURCE_NAME or (len(resources) == 1 and not r.name)]
+    if len(site) != 1:
         raise Refused(f"expected one policy set named {RESOURCE_NAME!r} among {len(resources)} resources")
-    (default,) = site or resources
+    (default,) = site
     return compile_policy_set(default, [r for r in resources if r is not default])
 
 

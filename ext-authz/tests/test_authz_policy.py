@@ -11,7 +11,7 @@ from stoa_authz import ads
 from stoa_authz.policy import PolicyError, PolicyStore, compile_policy_set
 from stoa_ops.policy_sets import Refused
 from stoa_proto import authz_pb2
-from stoa_translate.policy_set import set_version
+from stoa_translate.policy_set import merged, set_version
 
 
 def with_jwks(policy, idp, jwks_json: str):
@@ -232,6 +232,11 @@ def test_a_response_is_taken_as_its_default_and_its_buckets(idp, policy):
 
     compiled = ads.decode(response(buckets[1], default, buckets[0]))
     assert (set(compiled.routes), compiled.version) == ({"orders", "open"}, set_version([default, *buckets]))
-    for wrong in (response(*buckets), response(default, default, *buckets)):
+    # A bucket alone is not a site (it would be one with no issuers, consumers or subscriptions).
+    for wrong in (response(*buckets), response(default, default, *buckets), response(buckets[0])):
         with pytest.raises(Refused, match="expected one policy set named 'default'"):
             ads.decode(wrong)
+    # A lone set without a name, as before buckets, is the site's.
+    unnamed = merged([default, *buckets])
+    unnamed.name = ""
+    assert set(ads.decode(response(unnamed)).routes) == {"orders", "open"}

@@ -226,12 +226,13 @@ class PolicySubscription:
     def _request(
         self, type_url: str, version_info: str, nonce: str = "", error: status_pb2.Status | None = None
     ) -> DiscoveryRequest:
-        """A request for the resource named `default` naming the version held; an ACK or NACK adds the
-        nonce it answers, a NACK its error."""
+        """A request for every resource of the type (a set may be several: the authorization set is
+        `default` and its route buckets) naming the version held; an ACK or NACK adds the nonce it
+        answers, a NACK its error."""
         return DiscoveryRequest(
             node=self._node,
             type_url=type_url,
-            resource_names=[RESOURCE_NAME],
+            resource_names=[],
             version_info=version_info,
             response_nonce=nonce,
             error_detail=error,

@@ -17,7 +17,7 @@ from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import Proces
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import any_pb2, duration_pb2, message, wrappers_pb2
-from stoa_proto.processing import REQUEST_ATTRIBUTES, VERSION_METADATA
+from stoa_proto.processing import REQUEST_ATTRIBUTES, ROUTE_METADATA, VERSION_METADATA
 
 from stoa_translate.options import TranslateOptions
 
@@ -159,6 +159,27 @@ def ext_proc_filter() -> ext_proc_pb2.ExternalProcessor:
         allow_mode_override=True,
         status_on_error=http_status_pb2.HttpStatus(code=http_status_pb2.ServiceUnavailable),
         stat_prefix="stoa",
+    )
+
+
+def ext_proc_route(
+    route_id: str, *, request_headers: bool, request_body: bool, response_headers: bool, response_body: bool
+) -> ext_proc_pb2.ExtProcPerRoute:
+    """A processing kind's per-route config: the phases it needs (bodies buffered whole, trailers
+    never) and the route's id for the service. The policy-set version is added on the virtual host
+    (Envoy merges the two levels' metadata)."""
+    return ext_proc_pb2.ExtProcPerRoute(
+        overrides=ext_proc_pb2.ExtProcOverrides(
+            processing_mode=ProcessingMode(
+                request_header_mode=ProcessingMode.SEND if request_headers else ProcessingMode.SKIP,
+                request_body_mode=ProcessingMode.BUFFERED if request_body else ProcessingMode.NONE,
+                response_header_mode=ProcessingMode.SEND if response_headers else ProcessingMode.SKIP,
+                response_body_mode=ProcessingMode.BUFFERED if response_body else ProcessingMode.NONE,
+                request_trailer_mode=ProcessingMode.SKIP,
+                response_trailer_mode=ProcessingMode.SKIP,
+            ),
+            grpc_initial_metadata=[base_pb2.HeaderValue(key=ROUTE_METADATA, value=route_id)],
+        )
     )
 
 

@@ -300,11 +300,9 @@ class Streams:
             self._send_delta(stream, type_url)
             return
         served = self._served[type_url]
-        nonce = str(next(self._nonces))
         state = stream.state(type_url)
-        state.sent_nonce, state.sent_version, state.nack_detail = nonce, served.version, None
-        state.sent_digest = served.digest
-        state.sent_at = time.monotonic()
+        state.sent_digest, state.sent_version = served.digest, served.version
+        nonce = self._stamp(state)
         stream.queue.put_nowait(
             discovery_pb2.DiscoveryResponse(
                 version_info=served.version, resources=served.packed, type_url=type_url, nonce=nonce
@@ -318,6 +316,12 @@ class Streams:
             nonce,
             tuple(resource_name(r) for r in served.resources),
         )
+
+    def _stamp(self, state: _TypeState) -> str:
+        """A new push's nonce, recorded with its time as the push in flight for this type."""
+        nonce = str(next(self._nonces))
+        state.sent_nonce, state.nack_detail, state.sent_at = nonce, None, time.monotonic()
+        return nonce
 
     def _send_delta(self, stream: _Stream, type_url: str) -> None:
         """Push to a delta stream what differs from what it holds: the resources of its subscription
@@ -343,9 +347,7 @@ class Streams:
         state.sent_digest, state.sent_version = served.digest, served.version
         if not changed and not removed:
             return
-        nonce = str(next(self._nonces))
-        state.sent_nonce, state.nack_detail = nonce, None
-        state.sent_at = time.monotonic()
+        nonce = self._stamp(state)
         for name in removed:
             del state.known[name]
         response = discovery_pb2.DeltaDiscoveryResponse(

@@ -16,16 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import re2
-from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
-from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from google.protobuf import json_format, struct_pb2
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from stoa_proto import proc_pb2
-from stoa_proto.processing import ROUTE_METADATA
 
-from stoa_translate.filters import EXT_PROC_FILTER, ext_proc_filter
+from stoa_translate.filters import EXT_PROC_FILTER, ext_proc_filter, ext_proc_route
 from stoa_translate.policies.kind import ConfigError, PolicyKind
 
 DIRECTIONS = ("request", "response", "both")
@@ -121,27 +118,16 @@ def normalised(rules: Guardrails) -> proc_pb2.Guardrails:
     return rules.message()
 
 
-def processing_mode(rules: Guardrails) -> ProcessingMode:
+def route_config(route_id: str, rules: Guardrails) -> ext_proc_pb2.ExtProcPerRoute:
     request = rules.direction in ("request", "both")
     response = rules.direction in ("response", "both")
-    return ProcessingMode(
-        # A declared size over the limit is the buffer filter's 413, before the processor.
-        request_header_mode=ProcessingMode.SEND if rules.sends_request_headers else ProcessingMode.SKIP,
-        request_body_mode=ProcessingMode.BUFFERED if request else ProcessingMode.NONE,
-        response_header_mode=ProcessingMode.SEND if response else ProcessingMode.SKIP,
-        response_body_mode=ProcessingMode.BUFFERED if response else ProcessingMode.NONE,
-        request_trailer_mode=ProcessingMode.SKIP,
-        response_trailer_mode=ProcessingMode.SKIP,
-    )
-
-
-def route_config(route_id: str, rules: Guardrails) -> ext_proc_pb2.ExtProcPerRoute:
-    # The policy-set version is added on the virtual host (Envoy merges the two levels' metadata).
-    return ext_proc_pb2.ExtProcPerRoute(
-        overrides=ext_proc_pb2.ExtProcOverrides(
-            processing_mode=processing_mode(rules),
-            grpc_initial_metadata=[base_pb2.HeaderValue(key=ROUTE_METADATA, value=route_id)],
-        )
+    # A declared size over the limit is the buffer filter's 413, before the processor.
+    return ext_proc_route(
+        route_id,
+        request_headers=rules.sends_request_headers,
+        request_body=request,
+        response_headers=response,
+        response_body=response,
     )
 
 

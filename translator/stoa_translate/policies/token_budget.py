@@ -11,13 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
-from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from stoa_proto import proc_pb2
-from stoa_proto.processing import ROUTE_METADATA
 
-from stoa_translate.filters import EXT_PROC_FILTER, ext_proc_filter
+from stoa_translate.filters import EXT_PROC_FILTER, ext_proc_filter, ext_proc_route
 from stoa_translate.policies.kind import ConfigError, PolicyKind, mirrored
 
 PER = ("consumer", "tenant")
@@ -69,22 +66,10 @@ def normalised(budget: TokenBudget) -> proc_pb2.TokenBudget:
     return budget.config()
 
 
-PROCESSING_MODE = ProcessingMode(
-    request_header_mode=ProcessingMode.SEND,
-    request_body_mode=ProcessingMode.BUFFERED,
-    response_header_mode=ProcessingMode.SEND,
-    response_body_mode=ProcessingMode.BUFFERED,
-    request_trailer_mode=ProcessingMode.SKIP,
-    response_trailer_mode=ProcessingMode.SKIP,
-)
-
-
 def route_config(route_id: str, budget: TokenBudget) -> ext_proc_pb2.ExtProcPerRoute:
-    return ext_proc_pb2.ExtProcPerRoute(
-        overrides=ext_proc_pb2.ExtProcOverrides(
-            processing_mode=PROCESSING_MODE,
-            grpc_initial_metadata=[base_pb2.HeaderValue(key=ROUTE_METADATA, value=route_id)],
-        )
+    # Reserved at the request (its headers name the consumer), settled from the response's usage.
+    return ext_proc_route(
+        route_id, request_headers=True, request_body=True, response_headers=True, response_body=True
     )
 
 

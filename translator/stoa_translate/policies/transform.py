@@ -12,15 +12,12 @@ import json
 import re
 from dataclasses import dataclass
 
-from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
-from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from google.protobuf import json_format
 from stoa_proto import proc_pb2
-from stoa_proto.processing import ROUTE_METADATA
 
 from stoa_translate.fields import is_header_name
-from stoa_translate.filters import EXT_PROC_FILTER, ext_proc_filter
+from stoa_translate.filters import EXT_PROC_FILTER, ext_proc_filter, ext_proc_route
 from stoa_translate.policies.kind import ConfigError, PolicyKind
 
 OPS = ("set", "remove", "rename")
@@ -118,24 +115,13 @@ def normalised(rules: Transform) -> proc_pb2.Transform:
     return rules.message()
 
 
-def processing_mode(rules: Transform) -> ProcessingMode:
-    response = not rules.response.empty
-    return ProcessingMode(
-        request_header_mode=ProcessingMode.SEND,
-        request_body_mode=ProcessingMode.BUFFERED if rules.request.json else ProcessingMode.NONE,
-        response_header_mode=ProcessingMode.SEND if response else ProcessingMode.SKIP,
-        response_body_mode=ProcessingMode.BUFFERED if rules.response.json else ProcessingMode.NONE,
-        request_trailer_mode=ProcessingMode.SKIP,
-        response_trailer_mode=ProcessingMode.SKIP,
-    )
-
-
 def route_config(route_id: str, rules: Transform) -> ext_proc_pb2.ExtProcPerRoute:
-    return ext_proc_pb2.ExtProcPerRoute(
-        overrides=ext_proc_pb2.ExtProcOverrides(
-            processing_mode=processing_mode(rules),
-            grpc_initial_metadata=[base_pb2.HeaderValue(key=ROUTE_METADATA, value=route_id)],
-        )
+    return ext_proc_route(
+        route_id,
+        request_headers=True,
+        request_body=bool(rules.request.json),
+        response_headers=not rules.response.empty,
+        response_body=bool(rules.response.json),
     )
 
 
