@@ -60,11 +60,14 @@ _RESPONSE_HEADERS = frozenset(("content-type", "content-encoding"))
 
 
 def _headers(message: HttpHeaders, names: frozenset[str]) -> dict[str, str]:
+    """The named headers; a repeated one is its values joined by commas, as an HTTP list and as the
+    request attributes give it (so `br` then `identity` is read as both, never the last alone)."""
     found: dict[str, str] = {}
     for header in message.headers.headers:
         key = header.key.lower()
         if key in names:
-            found[key] = header.raw_value.decode("latin-1") if header.raw_value else header.value
+            value = header.raw_value.decode("latin-1") if header.raw_value else header.value
+            found[key] = f"{found[key]},{value}" if key in found else value
     return found
 
 

@@ -146,6 +146,28 @@ async def test_clean_body_continues(processor, shape: str) -> None:
     assert answers[-1].immediate_response.status.code == 403
 
 
+async def test_a_repeated_content_encoding_is_read_whole(processor) -> None:
+    stub, _ = processor
+    # `gzip` then `identity` on two lines: the upstream would see both, so the service undoes gzip too.
+    message = ProcessingRequest(
+        request_headers=HttpHeaders(
+            headers=HeaderMap(
+                headers=[
+                    HeaderValue(key="content-type", raw_value=b"application/json"),
+                    HeaderValue(key="content-encoding", raw_value=b"gzip"),
+                    HeaderValue(key="content-encoding", raw_value=b"identity"),
+                ]
+            )
+        )
+    )
+    body = ProcessingRequest(
+        request_body=HttpBody(body=gzip.compress(b'{"q":"the forbidden fruit"}'), end_of_stream=True)
+    )
+    answers = await exchange(stub, [message, body])
+    assert answers[-1].immediate_response.status.code == 403
+    assert json.loads(answers[-1].immediate_response.body)["error"] == "guardrail_blocked"
+
+
 async def test_redaction_fixes_the_headers(processor) -> None:
     stub, _ = processor
     compressed = gzip.compress(b'{"q":"mail bob@example.com"}')

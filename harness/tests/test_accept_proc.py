@@ -291,6 +291,13 @@ def test_service_down_is_503_with_retry_after(estate: Estate) -> None:
         assert response.content == DENY_BODIES[503]
         assert response.headers["retry-after"] == "1"
         assert estate.llm.requests() == []
+        # On a route that sends the service the body alone, the same (another path in Envoy: the
+        # stream opens at the body, the headers held behind it): nothing of it was started upstream.
+        started = model_requests_started(estate)
+        response = chat(estate, ask("hi"), api="inspected")
+        assert (response.status_code, response.content) == (503, DENY_BODIES[503])
+        assert response.headers["retry-after"] == "1"
+        assert model_requests_started(estate) == started
         # A route without a body policy never reaches the service: it answers with the service down.
         assert chat(estate, ask("hi"), api="plain").status_code == 200
     finally:
@@ -329,11 +336,15 @@ def test_a_service_up_but_past_its_timeout_is_503_and_the_post_is_not_retried(es
     timeouts = estate.envoy.counters(r"ext_proc\..*message_timeouts$")
     # Frozen (its port open, answering nothing) before the request: Envoy's message timeout, a 503,
     # and the model never reached.
+    started = model_requests_started(estate)
     with estate.proc.frozen():
         response = chat(estate, ask("hi"))
-    assert (response.status_code, response.content) == (503, DENY_BODIES[503])
-    assert response.headers["retry-after"] == "1"
+        inspected = chat(estate, ask("hi"), api="inspected")  # the body alone, the headers held
+    for answer in (response, inspected):
+        assert (answer.status_code, answer.content) == (503, DENY_BODIES[503])
+        assert answer.headers["retry-after"] == "1"
     assert estate.llm.requests() == []
+    assert model_requests_started(estate) == started
     # Frozen while the model holds its answer: the answer's message times out, a 503 again, and the
     # POST reached the model once.
     estate.llm.script(["late"], pause_s=1)
@@ -345,7 +356,7 @@ def test_a_service_up_but_past_its_timeout_is_503_and_the_post_is_not_retried(es
     assert (response.status_code, response.content) == (503, DENY_BODIES[503])
     assert response.headers["retry-after"] == "1"
     assert len(estate.llm.requests()) == 1, "Envoy sent the POST to the model again"
-    assert estate.envoy.counters(r"ext_proc\..*message_timeouts$") == timeouts + 2
+    assert estate.envoy.counters(r"ext_proc\..*message_timeouts$") == timeouts + 3
     # Thawed, it answers in time again.
     estate.llm.script(["Hello"])
     assert chat(estate, ask("hi")).status_code == 200
