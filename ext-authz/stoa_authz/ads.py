@@ -34,8 +34,8 @@ def decode(response: DiscoveryResponse) -> PolicySet:
         if resource.type_url != TYPE_URL or not resource.Unpack(decoded):
             raise Refused(f"resource of type {resource.type_url!r} is not an AuthzPolicySet")
         resources.append(decoded)
-    # The site resource is the one named `default` (a lone unnamed set is one from before buckets):
-    # a bucket alone would be taken for a site with no issuers, consumers or subscriptions.
+    # The site resource is the one named `default`, or a lone set left unnamed (as a hand-built one
+    # may be): a bucket alone would be taken for a site with no issuers, consumers or subscriptions.
     site = [r for r in resources if r.name == RESOURCE_NAME or (len(resources) == 1 and not r.name)]
     if len(site) != 1:
         raise Refused(f"expected one policy set named {RESOURCE_NAME!r} among {len(resources)} resources")

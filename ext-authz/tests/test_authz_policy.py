@@ -236,7 +236,7 @@ def test_a_response_is_taken_as_its_default_and_its_buckets(idp, policy):
     for wrong in (response(*buckets), response(default, default, *buckets), response(buckets[0])):
         with pytest.raises(Refused, match="expected one policy set named 'default'"):
             ads.decode(wrong)
-    # A lone set without a name, as before buckets, is the site's.
+    # A lone set left without a name is the site's.
     unnamed = merged([default, *buckets])
     unnamed.name = ""
     assert set(ads.decode(response(unnamed)).routes) == {"orders", "open"}
