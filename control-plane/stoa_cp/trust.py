@@ -41,7 +41,12 @@ async def create(
 
 
 class Issuers(Objects[IssuerOut]):
-    """The issuers' operations for their router: creating one fetches its keys first."""
+    """The issuers' operations for their router: creating one fetches its keys first (the same
+    issuer with the same source of keys is answered as it is)."""
+
+    @property
+    def repeatable(self) -> bool:
+        return True
 
     async def create(
         self, db: Database, services: Services, owner_id: str, body: IssuerIn

@@ -4,21 +4,18 @@ from __future__ import annotations
 
 from stoa_cp.routers import tenant_objects
 from stoa_cp.routers.tenant_objects import Resource
-from stoa_cp.schemas import ApiIn, ApiOut, ApiUpdate
+from stoa_cp.schemas import ApiIn, ApiUpdate
 from stoa_cp.store import apis
 
 router = tenant_objects.router(
     "apis",
     Resource(
         collection="/apis",
-        key="api_id",
         singular="api",
         plural="apis",
-        out=ApiOut,
         store=apis,
         create_body=ApiIn,
         update_body=ApiUpdate,
-        repeatable=True,
         docs={
             "delete": "Delete the API; every gateway it was deployed on gets a tombstone and a new"
             " generation."

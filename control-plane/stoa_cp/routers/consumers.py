@@ -7,17 +7,15 @@ from fastapi import Response
 from stoa_cp.dependencies import Db, ExistingTenant
 from stoa_cp.routers import tenant_objects
 from stoa_cp.routers.tenant_objects import Resource
-from stoa_cp.schemas import ConsumerIn, ConsumerOut, ConsumerUpdate, KeyCreated, KeyOut
+from stoa_cp.schemas import ConsumerIn, ConsumerUpdate, KeyCreated, KeyOut
 from stoa_cp.store import api_keys, consumers
 
 router = tenant_objects.router(
     "consumers",
     Resource(
         collection="/consumers",
-        key="consumer_id",
         singular="consumer",
         plural="consumers",
-        out=ConsumerOut,
         store=consumers.objects,
         create_body=ConsumerIn,
         update_body=ConsumerUpdate,

@@ -20,14 +20,11 @@ router = tenant_objects.router(
     "issuers",
     Resource(
         collection="/issuers",
-        key="issuer_id",
         singular="issuer",
         plural="issuers",
-        out=IssuerOut,
         store=trust.objects,
         create_body=IssuerIn,
         get=False,
-        repeatable=True,
         create_responses=_UPSTREAM,
         docs={
             "create": "Trust an issuer for the tenant. A jwks_uri is fetched now (bounded timeout);"

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from stoa_cp.routers import tenant_objects
 from stoa_cp.routers.tenant_objects import Resource
-from stoa_cp.schemas import PlanIn, PlanOut, PlanUpdate
+from stoa_cp.schemas import PlanIn, PlanUpdate
 from stoa_cp.store import plans
 
 router = tenant_objects.router(
     "plans",
     Resource(
         collection="/plans",
-        key="plan_id",
         singular="plan",
         plural="plans",
-        out=PlanOut,
         store=plans.objects,
         create_body=PlanIn,
         update_body=PlanUpdate,

@@ -7,7 +7,6 @@ from stoa_cp.routers.tenant_objects import GATEWAY, Resource
 from stoa_cp.schemas import (
     GatewayPolicyBody,
     GatewayPolicyPut,
-    PolicyOut,
     TenantPolicyBody,
     TenantPolicyPut,
 )
@@ -18,14 +17,11 @@ tenant_router = tenant_objects.router(
     "policies",
     Resource(
         collection="/policies",
-        key="policy_id",
         singular="tenant_policy",
         plural="tenant_policies",
-        out=PolicyOut,
         store=policies.tenant_policies,
         create_body=TenantPolicyBody,
         update_body=TenantPolicyPut,
-        repeatable=True,
         docs=_REPLACES,
     ),
 )
@@ -33,15 +29,12 @@ gateway_router = tenant_objects.router(
     "policies",
     Resource(
         collection="/policies",
-        key="policy_id",
         singular="gateway_policy",
         plural="gateway_policies",
-        out=PolicyOut,
         store=policies.gateway_policies,
         create_body=GatewayPolicyBody,
         update_body=GatewayPolicyPut,
         owner=GATEWAY,
-        repeatable=True,
         docs=_REPLACES,
     ),
 )

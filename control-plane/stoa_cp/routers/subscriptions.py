@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from stoa_cp.routers import tenant_objects
 from stoa_cp.routers.tenant_objects import Resource
-from stoa_cp.schemas import SubscriptionIn, SubscriptionOut, SubscriptionUpdate
+from stoa_cp.schemas import SubscriptionIn, SubscriptionUpdate
 from stoa_cp.store import subscriptions
 
 router = tenant_objects.router(
     "subscriptions",
     Resource(
         collection="/subscriptions",
-        key="subscription_id",
         singular="subscription",
         plural="subscriptions",
-        out=SubscriptionOut,
         store=subscriptions.objects,
         create_body=SubscriptionIn,
         update_body=SubscriptionUpdate,

@@ -30,7 +30,17 @@ from stoa_cp.store.tenant_objects import Services
 
 
 class Operations(Protocol):
-    """What a resource's store offers its routes (`store.tenant_objects.Objects`, or its own)."""
+    """What a resource's store offers its routes (`store.tenant_objects.Objects`, or its own): what
+    names one object, the answer's model, whether an identical create is answered, and the calls."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def model(self) -> type[Any]: ...
+
+    @property
+    def repeatable(self) -> bool: ...
 
     async def create(
         self, db: Database, services: Services, owner_id: str, body: Any
@@ -62,17 +72,14 @@ GATEWAY = Owner("gateway_id", require_gateway_exists, "/v1/gateways/{gateway_id}
 @dataclass(frozen=True)
 class Resource:
     collection: str  # the path below the owner's: "/tools"
-    key: str  # the path parameter naming one object
     singular: str  # route names: create_<singular>, list_<plural>, get_<singular>, ...
     plural: str
-    out: type[Any]
-    store: Operations
+    store: Operations  # also names the path parameter of one object (its key) and the answer's model
     create_body: Any = None  # None: not offered (likewise below)
     update_body: Any = None
     get: bool = True
     delete: bool = True
     owner: Owner = TENANT
-    repeatable: bool = False  # an identical create answers 200 with the stored object
     create_responses: Mapping[int | str, dict[str, Any]] = field(default_factory=dict)
     docs: Mapping[str, str] = field(default_factory=dict)  # route → its description
 
@@ -90,10 +97,11 @@ def router(tag: str, *resources: Resource) -> APIRouter:
 def mount(router: APIRouter, resource: Resource) -> None:
     """Add the resource's routes to `router` (whose prefix and dependencies name the owner)."""
     store = resource.store
-    one = f"{resource.collection}/{{{resource.key}}}"
+    out = store.model
+    one = f"{resource.collection}/{{{store.key}}}"
     OwnerId = Annotated[str, Path(alias=resource.owner.param)]
     Existing = Annotated[str, Depends(resource.owner.existing)]
-    ObjectId = Annotated[str, Path(alias=resource.key)]
+    ObjectId = Annotated[str, Path(alias=store.key)]
 
     def add(route: str, path: str, method: str, endpoint: Callable[..., Any], **options: Any) -> None:
         name = resource.plural if route == "list" else resource.singular
@@ -114,7 +122,7 @@ def mount(router: APIRouter, resource: Resource) -> None:
             created, is_new = await store.create(db, services, owner_id, body)
             return answered(response, created, is_new)
 
-        responses = {**(REPEATED_CREATE if resource.repeatable else {}), **resource.create_responses}
+        responses = {**(REPEATED_CREATE if store.repeatable else {}), **resource.create_responses}
         add(
             "create",
             resource.collection,
@@ -122,20 +130,20 @@ def mount(router: APIRouter, resource: Resource) -> None:
             create,
             status_code=201,
             responses=responses,
-            response_model=resource.out,
+            response_model=out,
         )
 
     async def list_all(owner_id: Existing, db: Db) -> Any:
         return await store.list_for(db, owner_id)
 
-    add("list", resource.collection, "GET", list_all, response_model=list[resource.out])
+    add("list", resource.collection, "GET", list_all, response_model=list[out])
 
     if resource.get:
 
         async def get(owner_id: Existing, object_id: ObjectId, db: Db) -> Any:
             return await store.get(db, owner_id, object_id)
 
-        add("get", one, "GET", get, response_model=resource.out)
+        add("get", one, "GET", get, response_model=out)
 
     if resource.update_body is not None:
 
@@ -144,7 +152,7 @@ def mount(router: APIRouter, resource: Resource) -> None:
         ) -> Any:
             return await store.update(db, services, owner_id, object_id, body)
 
-        add("update", one, "PUT", update, response_model=resource.out)
+        add("update", one, "PUT", update, response_model=out)
 
     if resource.delete:
 

@@ -13,11 +13,8 @@ from stoa_cp.routers import tenant_objects
 from stoa_cp.routers.tenant_objects import Resource
 from stoa_cp.schemas import (
     ToolGrantIn,
-    ToolGrantOut,
     ToolIn,
-    ToolOut,
     ToolRevocationIn,
-    ToolRevocationOut,
     ToolUpdate,
 )
 from stoa_cp.store import tools
@@ -26,10 +23,8 @@ router = tenant_objects.router(
     "mcp tools",
     Resource(
         collection="/tools",
-        key="name",
         singular="tool",
         plural="tools",
-        out=ToolOut,
         store=tools.objects,
         create_body=ToolIn,
         update_body=ToolUpdate,
@@ -41,10 +36,8 @@ router = tenant_objects.router(
     ),
     Resource(
         collection="/tool-grants",
-        key="grant_id",
         singular="grant",
         plural="grants",
-        out=ToolGrantOut,
         store=tools.grants,
         create_body=ToolGrantIn,
         get=False,
@@ -54,10 +47,8 @@ router = tenant_objects.router(
     ),
     Resource(
         collection="/tool-revocations",
-        key="revocation_id",
         singular="revocation",
         plural="revocations",
-        out=ToolRevocationOut,
         store=tools.revocations,
         create_body=ToolRevocationIn,
         get=False,

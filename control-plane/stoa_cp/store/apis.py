@@ -41,6 +41,13 @@ _SELECT = (
 )
 
 
+# What the router reads of this store (`routers.tenant_objects.Operations`): an identical create
+# answers the stored API.
+key = "api_id"
+model = ApiOut
+repeatable = True
+
+
 def columns(api_id: str, body: ApiFields) -> dict[str, Any]:
     """The stored columns of an API body (defaults filled in)."""
     return {

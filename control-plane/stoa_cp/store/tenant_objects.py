@@ -233,6 +233,18 @@ class Objects(Generic[Out]):
         self.kind = kind
         self.prepare = prepare
 
+    @property
+    def key(self) -> str:
+        return self.kind.key
+
+    @property
+    def model(self) -> type[Out]:
+        return self.kind.model
+
+    @property
+    def repeatable(self) -> bool:
+        return self.kind.repeatable
+
     def _prepared(self, body: Any, object_id: str, services: Services) -> Any:
         return body if self.prepare is None else self.prepare(body, object_id, services)
 
