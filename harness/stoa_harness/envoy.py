@@ -79,10 +79,13 @@ class EnvoyProcess(SupervisedProcess):
         log_path: Path,
         extra_args: tuple[str, ...] = (),
         env: Mapping[str, str] | None = None,
+        drain_time_s: int = 1,
     ) -> None:
         super().__init__(log_path.stem, [], log_dir=log_path.parent, env=env, ready=self._admin_up)
         self.bootstrap = bootstrap
         self.admin_port = admin_port
+        # How long connections accepted by a replaced listener keep it (Envoy's default is 600 s).
+        self.drain_time_s = drain_time_s
         self.extra_args = extra_args  # read at each start: a restart may merge in more configuration
 
     @property
@@ -98,7 +101,7 @@ class EnvoyProcess(SupervisedProcess):
             "info",
             "--use-dynamic-base-id",
             "--drain-time-s",
-            "1",
+            str(self.drain_time_s),
             "--parent-shutdown-time-s",
             "2",
             *self.extra_args,

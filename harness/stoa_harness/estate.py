@@ -55,6 +55,8 @@ class EstateOptions:
     mcp: bool = False
     mcp_env: Mapping[str, str] = field(default_factory=dict)  # extra STOA_MCP_* settings
     start_timeout: float = 60.0
+    # Envoy's --drain-time-s: how long connections keep a replaced listener (1 s: tests see changes at once).
+    envoy_drain_time_s: int = 1
 
 
 class Estate(Lifecycle):
@@ -238,6 +240,7 @@ class Estate(Lifecycle):
             if self.options.mcp
             else None,
             start_timeout=self.options.start_timeout,
+            envoy_drain_time_s=self.options.envoy_drain_time_s,
         )
         self._stack.enter_context(self.site)
         # A fresh gateway (generation 1, no routes) must reach SYNCED before anyone uses it. With a short

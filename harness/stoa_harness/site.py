@@ -71,6 +71,7 @@ class Site(Lifecycle):
         proc_env: Mapping[str, str] | None = None,
         mcp_env: Mapping[str, str] | None = None,
         start_timeout: float = 60.0,
+        envoy_drain_time_s: int = 1,
     ) -> None:
         self.run_dir = run_dir
         self.cp_url = cp_url
@@ -90,6 +91,7 @@ class Site(Lifecycle):
                 "the MCP module needs stoa-authz (authz='service'): it signs the identity envelope"
             )
         self.start_timeout = start_timeout
+        self.envoy_drain_time_s = envoy_drain_time_s
         self.tls_dir = run_dir / "tls"
         self.ads_port = free_port()
         self.listener_port = free_port()
@@ -308,7 +310,9 @@ class Site(Lifecycle):
             )
         bootstrap = self.run_dir / "envoy-bootstrap.yaml"
         self._run_once("bootstrap", [link_cli, "bootstrap", "--out", str(bootstrap)])
-        self.envoy = EnvoyProcess(bootstrap, self.envoy_admin_port, self.run_dir / "envoy.log")
+        self.envoy = EnvoyProcess(
+            bootstrap, self.envoy_admin_port, self.run_dir / "envoy.log", drain_time_s=self.envoy_drain_time_s
+        )
         self._stack.callback(self.envoy.stop)
         self.envoy.start(ready_timeout=self.start_timeout)
         if self.mcp is not None:

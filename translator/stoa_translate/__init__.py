@@ -50,7 +50,7 @@ class Translator:
     def __init__(self, options: TranslateOptions) -> None:
         self.options = options
         self._resolved: dict[bytes, ir.RouteIR] = {}
-        self._rendered: dict[tuple[ir.RouteIR, bool], bytes] = {}
+        self._rendered: dict[ir.RouteIR, bytes] = {}
         # A route's rendered entries → the clusters they name (for the consistency check).
         self._clusters_named: dict[bytes, frozenset[str]] = {}
         self._tables: KeptTables = {}
@@ -111,7 +111,7 @@ class Translator:
 
     def _render(
         self, site: ir.SiteIR, previous: Snapshot | None = None
-    ) -> tuple[Snapshot, dict[tuple[ir.RouteIR, bool], bytes], dict[bytes, frozenset[str]], KeptTables]:
+    ) -> tuple[Snapshot, dict[ir.RouteIR, bytes], dict[bytes, frozenset[str]], KeptTables]:
         policy_set = render_policy_set(site)
         # The virtual host names the processing set's version, so that set is rendered first.
         proc_set = render_proc_policy_set(site)

@@ -77,7 +77,6 @@ class Kept:
     site: ir.SiteIR  # the last full translation's site: what a route change leaves alone
     generation: int
     by_scope: bool
-    processing: bool
     proc_version: str | None
     verifiable: frozenset[str]
     routes: dict[str, ir.RouteIR]
@@ -108,18 +107,17 @@ class Kept:
         site: ir.SiteIR,
         options: TranslateOptions,
         proc_version: str | None,
-        rendered: dict[tuple[ir.RouteIR, bool], bytes],
+        rendered: dict[ir.RouteIR, bytes],
         inventory: inventory_pb2.Inventory,
         snapshot: Snapshot,
     ) -> Kept:
         """The indexes of the full translation of `inventory` (`site`, `rendered`) to `snapshot`, each
         made by one comprehension over the routes (10,000 of them, once per full translation)."""
-        processing = proc_version is not None
         by_scope = scoped(site, options)
         routes = site.routes
         keys = [scope_key(r.path_prefix) for r in routes]
         tables = [table_name(k or "") for k in keys] if by_scope else [ROUTE_CONFIG_NAME] * len(routes)
-        bodies = [rendered[(r, processing)] for r in routes]
+        bodies = [rendered[r] for r in routes]
         rows: dict[str, dict[str, tuple[tuple[int, str], bytes]]] = {}
         for route, table, body in zip(routes, tables, bodies, strict=True):
             rows.setdefault(table, {})[route.route_id] = ((-len(route.path_prefix), route.route_id), body)
@@ -136,7 +134,6 @@ class Kept:
             site=site,
             generation=site.generation,
             by_scope=by_scope,
-            processing=processing,
             proc_version=proc_version,
             verifiable=placement.verifiable_tenants(site.issuers),
             routes={r.route_id: r for r in routes},
@@ -208,7 +205,7 @@ class Kept:
         delta: inventory_pb2.InventoryDelta,
         state: Elements,
         resolved: dict[bytes, ir.RouteIR],
-        rendered: dict[tuple[ir.RouteIR, bool], bytes],
+        rendered: dict[ir.RouteIR, bytes],
     ) -> Snapshot | None:
         """The snapshot of `state` (the complete inventory `delta` gives, applied to the one this was
         kept for), or None when the change is not one this path takes (see the module). Raises
@@ -251,11 +248,11 @@ class Kept:
         for route in new.values():
             if route is None:
                 continue
-            body = rendered.get((route, self.processing))
+            body = rendered.get(route)
             if body is None:
-                entries = route_entries(route, self.options, self.processing)
+                entries = route_entries(route, self.options)
                 body = route_components_pb2.VirtualHost(routes=entries).SerializeToString()
-                rendered[(route, self.processing)] = body
+                rendered[route] = body
             self._add(route, body)
             self._add_entry(route)
             touched.add(self.table_of(route))
@@ -381,7 +378,7 @@ class Kept:
             parts = tuple(body for _, body in sorted(rows.values()))
             version = self.proc_version if (not self.by_scope or name in self.uses_processing) else None
             self.tables[name] = route_table(
-                name, parts, version, self.well_known.get(name, []), self.by_scope, self.processing
+                name, parts, version, self.well_known.get(name, []), self.by_scope
             )
         edits: dict[str, tuple[list[Message], list[Message]]] = {}
         if self.by_scope and (keys_gone or keys_new):

@@ -1,5 +1,5 @@
-"""Clusters: one per backend identity (scheme, host, port), plus the authorization service's (and
-the processing service's when a route has a body policy).
+"""Clusters: one per backend identity (scheme, host, port), plus the authorization service's, the
+processing service's (and the MCP module's when a route is an MCP route).
 
 A cluster is named by its identity, never by a route's position, so editing one route never renames
 (and so never drains) another route's cluster.
@@ -39,8 +39,8 @@ def render_clusters(
         host, port = options.mcp_endpoint()
         clusters.append(_cluster(MCP_MODULE_CLUSTER, host, port, _is_ip(host)))
     clusters.append(_grpc_service(EXT_AUTHZ_CLUSTER, *options.ext_authz_endpoint()))
-    if site.needs_processing():
-        clusters.append(_grpc_service(EXT_PROC_CLUSTER, *options.ext_proc_endpoint()))
+    # The listener's processing filter names it whether or not a route uses the service yet.
+    clusters.append(_grpc_service(EXT_PROC_CLUSTER, *options.ext_proc_endpoint()))
     return clusters
 
 

@@ -43,8 +43,12 @@ EXT_PROC_CLUSTER = "stoa-ext-proc"
 # Bound on each message the processing service answers (a buffered body is one message).
 EXT_PROC_MESSAGE_TIMEOUT_MS = 2000
 
-# THE order of the chain: a filter is listed once, here, with the reason for its position. A filter
-# a policy kind owns is on the listener only when some route uses that kind; the others always are.
+# THE order of the chain: a filter is listed once, here, with the reason for its position. Every
+# filter is on the listener from the first publication, whatever the routes use (the compressor's
+# instances aside: one per setting, and no request is refused for want of one), and all but the Check
+# and the router are off there, switched on by the routes that need them (`DISABLED_ON_LISTENER`).
+# So a route never needs a filter that an older listener lacks: Envoy keeps serving a connection on
+# the listener that accepted it until that listener has drained, with the route tables already new.
 # Before all of them, outside the chain, the connection manager's early header mutation strips the
 # client headers no upstream may receive (`listener.py`): no filter ever sees them.
 HTTP_FILTER_ORDER: tuple[tuple[str, str], ...] = (
@@ -88,9 +92,8 @@ HTTP_FILTER_ORDER: tuple[tuple[str, str], ...] = (
     ),
     (ROUTER_FILTER, "last: forwards to the upstream"),
 )
-ALWAYS_PRESENT = (EXT_AUTHZ_FILTER, ROUTER_FILTER)
-# Off on the listener; a route's own per-route config switches them on.
-DISABLED_BY_DEFAULT = (BUFFER_FILTER, PROCESSED_BUFFER_FILTER)
+# On for every route: the Check (a route Envoy decides turns it off for itself) and the router.
+ENABLED_ON_LISTENER = (EXT_AUTHZ_FILTER, ROUTER_FILTER)
 # A route's inspected request body when its policy names no limit (the processing service's default).
 PROC_DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
@@ -113,13 +116,13 @@ def packed(config: object) -> any_pb2.Any:
     return wrapped
 
 
-def ext_authz_filter(options: TranslateOptions, verified_tokens: bool = False) -> ext_authz_pb2.ExtAuthz:
-    """`verified_tokens`: some route's token is verified by jwt_authn before its Check, which then
-    carries the verified payload (the filter's own namespace only)."""
+def ext_authz_filter(options: TranslateOptions) -> ext_authz_pb2.ExtAuthz:
+    """The Check carries the payload jwt_authn verified, when it did (the filter's own namespace
+    only), for the routes whose token Envoy verifies and the service decides."""
     timeout = duration_pb2.Duration()
     timeout.FromMilliseconds(options.ext_authz_timeout_ms)
     return ext_authz_pb2.ExtAuthz(
-        metadata_context_namespaces=[JWT_AUTHN_FILTER] if verified_tokens else [],
+        metadata_context_namespaces=[JWT_AUTHN_FILTER],
         grpc_service=grpc_service_pb2.GrpcService(
             envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=EXT_AUTHZ_CLUSTER),
             timeout=timeout,
@@ -132,10 +135,11 @@ def ext_authz_filter(options: TranslateOptions, verified_tokens: bool = False) -
 
 
 def ext_proc_filter() -> ext_proc_pb2.ExternalProcessor:
-    """Inert on the listener (every phase skipped, so no stream is opened) and disabled on every route
-    without a body policy (`EXT_PROC_DISABLED`); a route's per-route config switches on the phases its
-    body policies need. Failing closed: the service unreachable, failing
-    or past its timeout is a 503 (the local replies give it the neutral body and Retry-After).
+    """Off on the listener, and inert where on (every phase skipped, so no stream is opened): a
+    route's per-route config switches it on with the phases its body policies need (the virtual
+    host's stream metadata switches it on, inert, for the other routes of its table). Failing closed:
+    the service unreachable, failing or past its timeout is a 503 (the local replies give it the
+    neutral body and Retry-After).
 
     The request attributes are the listener's (Envoy 1.40 ignores a route's own list): on a route
     that skips the request-headers message they are what the service learns of the request's
@@ -228,9 +232,6 @@ def router_filter() -> message.Message:
 
 # For an entry Envoy answers itself (a refusal) or decides itself: no Check.
 EXT_AUTHZ_DISABLED = ext_authz_pb2.ExtAuthzPerRoute(disabled=True)
-# For an entry without a body policy while the listener has the processing filter: no stream, said by
-# the entry itself (the more specific level wins over the virtual host's stream metadata).
-EXT_PROC_DISABLED = ext_proc_pb2.ExtProcPerRoute(disabled=True)
 
 
 def ext_authz_route(

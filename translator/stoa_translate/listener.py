@@ -2,7 +2,9 @@
 Scoped RDS keyed by the path's API segment: `stoa_translate.routes`).
 
 Filter chain: in the order of `stoa_translate.filters.HTTP_FILTER_ORDER` (where each position is
-explained); a policy kind's filter only when some route uses that kind.
+explained), every filter whatever the routes use, off but for the Check and the router until a route
+switches it on: a new kind of route changes only routes, so a connection Envoy still serves on an
+older listener meets every filter a new route needs.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from stoa_translate.decision import error_contract, jwt_authn, placement
 from stoa_translate.filters import (
     BUFFER_FILTER,
     CLAIMS_RBAC_FILTER,
-    DISABLED_BY_DEFAULT,
+    ENABLED_ON_LISTENER,
     EXT_AUTHZ_FILTER,
     HTTP_FILTER_ORDER,
     JWT_AUTHN_FILTER,
@@ -94,7 +96,7 @@ def render_listener(site: SiteIR, options: TranslateOptions) -> listener_pb2.Lis
             ],
         ),
         local_reply_config=_local_replies(site),
-        access_log=_decision_log(site, options),
+        access_log=_decision_log(options),
     )
     if by_scope:
         manager.scoped_routes.CopyFrom(_scoped_routes())
@@ -186,40 +188,30 @@ def _strip_client_headers(options: TranslateOptions) -> extension_pb2.TypedExten
 
 
 def _chain(site: SiteIR, options: TranslateOptions) -> list[tuple[str, message.Message, bool]]:
-    """(name, config, disabled on the listener) of each filter, in the order table's order.
-
-    A kind's listener-level filter is inert: only a route's typed_per_filter_config switches it on.
-    """
+    """(name, config, disabled on the listener) of each filter, in the order table's order."""
     configs: dict[str, message.Message] = {
-        EXT_AUTHZ_FILTER: ext_authz_filter(options, placement.uses(site, placement.SERVICE_VERIFIED_TOKEN)),
+        EXT_AUTHZ_FILTER: ext_authz_filter(options),
         ROUTER_FILTER: router_filter(),
+        BUFFER_FILTER: buffer_filter(),
+        PROCESSED_BUFFER_FILTER: buffer_filter(),
+        REQUEST_RBAC_FILTER: rbac_pb2.RBAC(),
+        JWT_AUTHN_FILTER: jwt_authn.listener_filter(
+            site.issuers, placement.envoy_verified_tenants(site, options), options
+        ),
+        CLAIMS_RBAC_FILTER: rbac_pb2.RBAC(),
     }
-    verified = [r for r in site.routes if r.placement in placement.TOKEN_BY_ENVOY and r.auth_mode == "jwt"]
-    if verified:
-        tenants = {r.tenant_id for r in verified}
-        configs[REQUEST_RBAC_FILTER] = rbac_pb2.RBAC()
-        configs[JWT_AUTHN_FILTER] = jwt_authn.listener_filter(site.issuers, tenants, options)
-        if any(r.placement == placement.ENVOY for r in verified):
-            configs[CLAIMS_RBAC_FILTER] = rbac_pb2.RBAC()
-    if site.needs_request_buffer():
-        configs[BUFFER_FILTER] = buffer_filter()
-    if site.needs_processing():
-        # Off unless a route that skips the request-headers message turns it on. On the listener
-        # whenever the processor is: the first such route then changes only routes, and connections
-        # still draining on an older listener never meet it without its buffer.
-        configs[PROCESSED_BUFFER_FILTER] = buffer_filter()
     # A position in the order table holds one filter, or a kind's several instances.
     chain: dict[str, list[tuple[str, message.Message, bool]]] = {
-        name: [(name, config, name in DISABLED_BY_DEFAULT)] for name, config in configs.items()
+        name: [(name, config, name not in ENABLED_ON_LISTENER)] for name, config in configs.items()
     }
     for kind in KINDS.values():
-        if not kind.filter_name or not site.needs(kind.name):
-            continue  # no filter (decided by the authorization service), or no route uses the kind
-        used = [ir for route in site.routes if (ir := route.policy(kind.name)) is not None]
-        if used:
-            chain[kind.filter_name] = [
-                (name, config, kind.disabled_on_listener) for name, config in kind.filters(used)
-            ]
+        if not kind.filter_name:
+            continue  # decided by the authorization service
+        if kind.listener_filters is not None:
+            used = [ir for route in site.routes if (ir := route.policy(kind.name)) is not None]
+            chain[kind.filter_name] = [(name, config, True) for name, config in kind.filters(used)]
+        elif kind.filter_name not in chain:
+            chain[kind.filter_name] = [(name, config, True) for name, config in kind.filters(())]
     return [entry for name, _why in HTTP_FILTER_ORDER for entry in chain.get(name, ())]
 
 
@@ -286,9 +278,9 @@ def _processing_replies() -> list[hcm.ResponseMapper]:
     ]
 
 
-def _decision_log(site: SiteIR, options: TranslateOptions) -> list[accesslog_pb2.AccessLog]:
+def _decision_log(options: TranslateOptions) -> list[accesslog_pb2.AccessLog]:
     """Envoy's own denials, and only those, to the Link, which logs them as decision events."""
-    if not options.decision_log_cluster or not placement.uses(site, *placement.TOKEN_BY_ENVOY):
+    if not options.decision_log_cluster:
         return []
     sink = als_pb2.HttpGrpcAccessLogConfig(
         common_config=als_pb2.CommonGrpcAccessLogConfig(
@@ -318,14 +310,13 @@ def _local_replies(site: SiteIR) -> hcm.LocalReplyConfig:
     and any other local 400 — a path with a hidden dot segment, an escaped slash, a header name with
     an underscore — get the same neutral body as the service's instead of Envoy's text.
     """
-    native = error_contract.local_reply_mappers() if placement.uses(site, *placement.TOKEN_BY_ENVOY) else []
     return hcm.LocalReplyConfig(
         mappers=[
             # An MCP route's metadata document and 401 challenge (RFC 9728) before anything else.
             *mcp.local_replies(site),
             # Envoy's own decisions first: an rbac claims denial is a local 403 like an address one.
-            *native,
-            *(_processing_replies() if site.needs_processing() else ()),
+            *error_contract.local_reply_mappers(),
+            *_processing_replies(),
             hcm.ResponseMapper(
                 filter=_status_and_flag(503, "UAEX"),
                 headers_to_add=[

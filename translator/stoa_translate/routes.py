@@ -40,8 +40,6 @@ from stoa_translate.filters import (
     CLAIMS_RBAC_FILTER,
     EXT_AUTHZ_DISABLED,
     EXT_AUTHZ_FILTER,
-    EXT_PROC_DISABLED,
-    EXT_PROC_FILTER,
     JWT_AUTHN_FILTER,
     PROCESSED_BUFFER_FILTER,
     REQUEST_RBAC_FILTER,
@@ -83,14 +81,13 @@ REFUSAL_ROUTES: tuple[tuple[str, str], ...] = (
 CREDENTIAL_HEADER = "authorization"
 
 
-# (Route, whether the listener has the processing filter) → its entries, serialised as a VirtualHost
-# holding only them, for one set of options.
+# Route → its entries, serialised as a VirtualHost holding only them, for one set of options.
 # Serialised messages concatenate into one message with the repeated field appended in order, so the
 # virtual host is parsed once from the joined bytes instead of being rebuilt entry by entry: with
 # 10,000 routes and one changed (or added), one route is rendered again. The entries depend on their
 # own route only (a Check names the version of its route's policy-set entry, not the set's), so a new
 # set costs nothing here.
-RenderedRoutes = Mapping[tuple[RouteIR, bool], bytes]
+RenderedRoutes = Mapping[RouteIR, bytes]
 
 
 @dataclass(frozen=True)
@@ -104,10 +101,9 @@ class RouteTables:
     unkeyed: tuple[str, ...] = ()
 
 
-# A table's name → (the rendered bodies it was assembled from, (the processing set's version it names,
-# whether the listener has the processing filter), the table), so an unchanged table is the same object
-# in the next translation.
-KeptTable = tuple[tuple[bytes, ...], tuple[str | None, bool], route_pb2.RouteConfiguration]
+# A table's name → (the rendered bodies it was assembled from, the processing set's version it names,
+# the table), so an unchanged table is the same object in the next translation.
+KeptTable = tuple[tuple[bytes, ...], str | None, route_pb2.RouteConfiguration]
 KeptTables = Mapping[str, KeptTable]
 
 
@@ -144,22 +140,19 @@ def render_routes(
     proc_version: str | None,
     previous: RenderedRoutes,
     kept: KeptTables | None = None,
-) -> tuple[RouteTables, dict[tuple[RouteIR, bool], bytes], dict[str, KeptTable]]:
+) -> tuple[RouteTables, dict[RouteIR, bytes], dict[str, KeptTable]]:
     """The route tables (and scopes), each route's rendered entries for the next call's `previous`
     (which must have been rendered with the same options), and the tables for the next call's `kept`."""
     by_scope = scoped(site, options)
-    # Some route has a body policy: the listener has the processing filter, every other entry turns
-    # it off for itself.
-    processing = proc_version is not None
-    rendered: dict[tuple[RouteIR, bool], bytes] = {}
+    rendered: dict[RouteIR, bytes] = {}
     bodies: dict[str, list[bytes]] = {}
     uses_processing: set[str] = set()
     for route in sorted(site.routes, key=lambda r: (-len(r.path_prefix), r.route_id)):
-        body = previous.get((route, processing))
+        body = previous.get(route)
         if body is None:
-            entries = route_entries(route, options, processing)
+            entries = route_entries(route, options)
             body = route_components_pb2.VirtualHost(routes=entries).SerializeToString()
-        rendered[(route, processing)] = body
+        rendered[route] = body
         name = table_name(scope_key(route.path_prefix) or "") if by_scope else ROUTE_CONFIG_NAME
         bodies.setdefault(name, []).append(body)
         if route.uses_processing():
@@ -182,12 +175,12 @@ def render_routes(
         # scope table, only where one of its routes does, so a processing change touches those only.
         version = proc_version if (not by_scope or name in uses_processing) else None
         before = (kept or {}).get(name)
-        same = before is not None and before[:2] == (parts, (version, processing))
+        same = before is not None and before[:2] == (parts, version)
         if before is not None and same and name not in well_known:
             table = before[2]
         else:
-            table = route_table(name, parts, version, well_known.get(name, []), by_scope, processing)
-        now[name] = (parts, (version, processing), table)
+            table = route_table(name, parts, version, well_known.get(name, []), by_scope)
+        now[name] = (parts, version, table)
         tables.append(table)
     scopes = [scope(key) for key in sorted(keys)] if by_scope else []
     unkeyed = unkeyed_routes(site) if options.route_scopes else ()
@@ -213,7 +206,6 @@ def route_table(
     proc_version: str | None,
     well_known: list[route_components_pb2.Route],
     by_scope: bool,
-    processing: bool,
 ) -> route_pb2.RouteConfiguration:
     removed = [*CLIENT_HEADERS_REMOVED, SCOPE_KEY_HEADER] if by_scope else list(CLIENT_HEADERS_REMOVED)
     config = route_pb2.RouteConfiguration(name=name, request_headers_to_remove=removed)
@@ -223,9 +215,6 @@ def route_table(
     host.routes.extend(_refuse_path(n, pattern) for n, pattern in REFUSAL_ROUTES)
     # Exact paths, before every prefix entry (a route with prefix "/" would take them otherwise).
     host.routes.extend(well_known)
-    if processing:  # so far only the entries above, none with a body policy
-        for entry in host.routes:
-            entry.typed_per_filter_config[EXT_PROC_FILTER].CopyFrom(packed(EXT_PROC_DISABLED))
     # Parsed in place: appending a built virtual host would copy all of its entries once more.
     host.MergeFromString(b"".join(parts))
     return config
@@ -250,9 +239,9 @@ def _methods(route: RouteIR) -> tuple[str, ...]:
     return (*route.methods, *dict.fromkeys(extra))
 
 
-def per_route_configs(route: RouteIR, options: TranslateOptions, processing: bool) -> dict[str, any_pb2.Any]:
-    """typed_per_filter_config of every route entry rendered for `route`; `processing`: the listener
-    has the processing filter (some route has a body policy)."""
+def per_route_configs(route: RouteIR, options: TranslateOptions) -> dict[str, any_pb2.Any]:
+    """typed_per_filter_config of every route entry rendered for `route`: the filters it switches on
+    (all but the Check are off on the listener), each with the route's config."""
     configs = _decision_configs(route, options)
     kinds: dict[str, message.Message] = {}
     for name, ir in route.policies:
@@ -260,8 +249,6 @@ def per_route_configs(route: RouteIR, options: TranslateOptions, processing: boo
             # Kinds served by the processing service share its filter: one config, the union of phases.
             shared = kinds.get(filter_name)
             kinds[filter_name] = config if shared is None else merge_ext_proc_routes(shared, config)
-    if processing and EXT_PROC_FILTER not in kinds:
-        kinds[EXT_PROC_FILTER] = EXT_PROC_DISABLED
     buffered = route.request_buffer_bytes()
     if buffered is not None:
         kinds[BUFFER_FILTER] = buffer_route(buffered)
@@ -272,9 +259,7 @@ def per_route_configs(route: RouteIR, options: TranslateOptions, processing: boo
     return configs
 
 
-def route_entries(
-    route: RouteIR, options: TranslateOptions, processing: bool
-) -> list[route_components_pb2.Route]:
+def route_entries(route: RouteIR, options: TranslateOptions) -> list[route_components_pb2.Route]:
     action = route_components_pb2.RouteAction(
         cluster=route.backend.cluster_name,
         timeout=_millis(route.timeout_ms or options.default_route_timeout_ms),
@@ -287,7 +272,7 @@ def route_entries(
         action.host_rewrite_literal = route.backend.authority
         _rewrite(route, action)
     identity = _identity_headers(route)
-    configs = per_route_configs(route, options, processing)
+    configs = per_route_configs(route, options)
     entries = []
     for method in _methods(route) or (None,):
         match = route_components_pb2.RouteMatch()
@@ -328,7 +313,7 @@ def _decision_configs(route: RouteIR, options: TranslateOptions) -> dict[str, an
         configs[EXT_AUTHZ_FILTER] = packed(_check_context(route))
     if route.auth_mode == "jwt":
         configs[REQUEST_RBAC_FILTER] = packed(claims.request_config())
-        configs[JWT_AUTHN_FILTER] = packed(jwt_authn.route_config(route, token_by_envoy=True))
+        configs[JWT_AUTHN_FILTER] = packed(jwt_authn.route_config(route))
     return configs
 
 

@@ -126,7 +126,7 @@ def test_cluster_named_by_backend_identity_and_shared() -> None:
         inventory([route("a", "https://API.example.com/x"), route("b", "https://api.example.com:443/y")]),
         OPTIONS,
     )
-    assert snapshot.names(CLUSTER) == ["backend_https_api.example.com_443", "stoa-ext-authz"]
+    assert snapshot.names(CLUSTER) == ["backend_https_api.example.com_443", "stoa-ext-authz", "stoa-ext-proc"]
     assert set(cluster_of(snapshot).values()) == {"backend_https_api.example.com_443"}
 
 
@@ -290,36 +290,61 @@ def test_one_entry_per_method_and_options_only_with_cors() -> None:
     assert not any_entry.match.headers
 
 
-def test_filter_chain_order_and_only_what_routes_need() -> None:
+CHAIN = [
+    ("envoy.filters.http.cors", True),
+    ("envoy.filters.http.rbac", True),
+    ("envoy.filters.http.buffer", True),
+    ("stoa.rbac.request", True),
+    ("envoy.filters.http.jwt_authn", True),
+    ("stoa.rbac.claims", True),
+    ("envoy.filters.http.ext_authz", False),
+    ("envoy.filters.http.local_ratelimit", True),
+    ("envoy.filters.http.ext_proc", True),
+    ("stoa.buffer.processed", True),
+    ("envoy.filters.http.router", False),
+]
+
+
+def test_the_filter_chain_is_the_same_whatever_the_routes_use() -> None:
+    """Every filter from the first publication on, off but for the Check and the router: the first
+    route of a kind changes routes only, never the listener (whose older copies Envoy keeps serving
+    connections on while they drain)."""
     minimal = translate(inventory(BASE), OPTIONS)
-    assert [f.name for f in http_manager(minimal).http_filters] == [
-        "envoy.filters.http.ext_authz",
-        "envoy.filters.http.router",
-    ]
+    assert [(f.name, f.disabled) for f in http_manager(minimal).http_filters] == CHAIN
     policies = [
         policy("r", "rate_limit", {"maxRequests": 3, "intervalSeconds": 1}, ["r0"]),
         policy("i", "ip_filter", {"mode": "deny", "ip_list": ["10.0.0.1"]}, ["r1"]),
         policy("c", "cors", {"allowedOrigins": ["https://a.example"]}, ["r2"]),
+        policy("g", "guardrails", {"direction": "request", "blockPatterns": ["x"]}, ["r2"]),
     ]
     full = translate(inventory(BASE, policies=policies), OPTIONS)
-    assert [f.name for f in http_manager(full).http_filters] == [
+    assert full.of(LISTENER) == minimal.of(LISTENER)
+    switched_on = {
+        entry.name.split(":")[0]: set(entry.typed_per_filter_config)
+        for table in full.of(ROUTE)
+        for host in table.virtual_hosts
+        for entry in host.routes
+    }
+    assert "envoy.filters.http.local_ratelimit" in switched_on["r0"]
+    assert "envoy.filters.http.rbac" in switched_on["r1"]
+    assert {
         "envoy.filters.http.cors",
-        "envoy.filters.http.rbac",
-        "envoy.filters.http.ext_authz",
-        "envoy.filters.http.local_ratelimit",
-        "envoy.filters.http.router",
-    ]
+        "envoy.filters.http.ext_proc",
+        "envoy.filters.http.buffer",
+    } <= switched_on["r2"]
 
 
 def test_ext_authz_fails_closed_with_the_neutral_body() -> None:
     manager = http_manager(translate(inventory(BASE), OPTIONS))
     ext_authz = ext_authz_pb2.ExtAuthz()
-    manager.http_filters[0].typed_config.Unpack(ext_authz)
+    (check,) = [f for f in manager.http_filters if f.name == "envoy.filters.http.ext_authz"]
+    assert check.typed_config.Unpack(ext_authz)
     assert ext_authz.failure_mode_allow is False
     assert ext_authz.status_on_error.code == 503
     assert ext_authz.grpc_service.envoy_grpc.cluster_name == "stoa-ext-authz"
     assert ext_authz.grpc_service.timeout.ToMilliseconds() == OPTIONS.ext_authz_timeout_ms
-    mapper, authz_403, other_403, authz_400, other_400 = manager.local_reply_config.mappers
+    # The last five mappers (before them: Envoy's own decisions and the processing service's).
+    mapper, authz_403, other_403, authz_400, other_400 = manager.local_reply_config.mappers[-5:]
     assert mapper.body.inline_string.encode() == DENY_BODIES[503] == DENY_BODIES[403]
     # The service's own 403 and 400 pass untouched; any other local one gets the neutral body.
     assert not authz_403.HasField("body")
@@ -466,7 +491,7 @@ def test_ten_thousand_routes_translate() -> None:
     routes = [route(f"api-{i:05d}", f"http://10.{i // 250}.{i % 250}.1:8080") for i in range(10_000)]
     snapshot = translate(inventory(routes), OPTIONS)
     assert len(entries(snapshot)) == 10_000
-    assert len(snapshot.of(CLUSTER)) == 10_001
+    assert len(snapshot.of(CLUSTER)) == 10_002  # and the two services'
     assert len(merged(snapshot.of(AUTHZ_POLICY_SET)).routes) == 10_000
 
 
@@ -632,10 +657,15 @@ def test_a_route_whose_processing_only_inspects_the_request_body_skips_the_heade
     [processed] = [f for f in http_manager(none_skips).http_filters if f.name == PROCESSED_BUFFER_FILTER]
     assert processed.disabled
     assert not any(PROCESSED_BUFFER_FILTER in entry.typed_per_filter_config for entry in entries(none_skips))
-    # No processing at all: neither the processor nor its buffer.
-    plain = [f.name for f in http_manager(translate(inventory(routes), OPTIONS)).http_filters]
-    assert EXT_PROC_FILTER not in plain
-    assert PROCESSED_BUFFER_FILTER not in plain
+    # No processing at all: both on the listener, off, and no route turns either on.
+    plain = translate(inventory(routes), OPTIONS)
+    chain = {f.name: f.disabled for f in http_manager(plain).http_filters}
+    assert chain[EXT_PROC_FILTER]
+    assert chain[PROCESSED_BUFFER_FILTER]
+    assert not any(
+        {EXT_PROC_FILTER, PROCESSED_BUFFER_FILTER} & set(entry.typed_per_filter_config)
+        for entry in entries(plain)
+    )
 
 
 def test_the_policy_set_is_served_as_default_and_route_buckets() -> None:

@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 import stoa_translate
 from envoy.config.cluster.v3 import cluster_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 from google.protobuf import json_format
 from stoa_proto import inventory_pb2
 from stoa_translate import TranslateOptions, Translator, translate
-from stoa_translate.filters import EXT_PROC_FILTER, packed
+from stoa_translate.filters import EXT_PROC_FILTER
 from stoa_translate.refusal import FailureReason, Refusal
-from stoa_translate.snapshot import CLUSTER, ROUTE, Snapshot, dangling_references
+from stoa_translate.snapshot import CLUSTER, LISTENER, ROUTE, Snapshot, dangling_references
 
 OPTIONS = TranslateOptions()
 
@@ -100,20 +99,20 @@ def guarded(inventory: inventory_pb2.Inventory, route_id: str) -> inventory_pb2.
     return grown
 
 
-def test_routes_without_a_body_policy_disable_processing_only_while_the_listener_has_it() -> None:
+def test_a_body_policy_switches_processing_on_for_its_route_alone() -> None:
+    """The processor is on the listener (off) with or without a body policy: adding one changes the
+    route's entries only, and the listener stays the same object's equal."""
     remembering = Translator(OPTIONS)
     plain = inventory(1, "http://10.0.0.1:80", "http://10.0.0.2:80")
+    listeners = []
     for step in (plain, guarded(plain, "r0"), plain):
         snapshot = remembering.translate(step)
         assert snapshot == Translator(OPTIONS).translate(step)
+        listeners.append(snapshot.of(LISTENER))
         (routes,) = snapshot.of(ROUTE)
-        configs = {e.name: e.typed_per_filter_config for e in routes.virtual_hosts[0].routes}
-        if step is plain:
-            assert not any(EXT_PROC_FILTER in c for c in configs.values())
-            continue
-        disabled = ext_proc_pb2.ExtProcPerRoute(disabled=True)
-        off = {name for name, c in configs.items() if c[EXT_PROC_FILTER] == packed(disabled)}
-        assert off == set(configs) - {"r0:GET"}
+        on = {e.name for e in routes.virtual_hosts[0].routes if EXT_PROC_FILTER in e.typed_per_filter_config}
+        assert on == (set() if step is plain else {"r0:GET"})
+    assert listeners[0] == listeners[1] == listeners[2]
 
 
 def test_a_one_route_change_resolves_and_renders_that_route_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,8 +141,8 @@ def test_a_one_route_change_resolves_and_renders_that_route_only(monkeypatch: py
     # Every entry of the policy set is looked up; only the changed one is built (a cache miss).
     assert entry.cache_info().currsize >= 300
     kept = {c.name: c for c in before.of(CLUSTER)}
-    # Built again: the new backend's cluster and the authorization service's (one, whatever the routes).
-    assert sum(1 for c in after.of(CLUSTER) if kept.get(c.name) is c) == len(after.of(CLUSTER)) - 2
+    # Built again: the new backend's cluster and the two services' (one each, whatever the routes).
+    assert sum(1 for c in after.of(CLUSTER) if kept.get(c.name) is c) == len(after.of(CLUSTER)) - 3
 
 
 def test_the_content_version_does_not_depend_on_the_process() -> None:

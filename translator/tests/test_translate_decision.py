@@ -7,6 +7,7 @@ import json
 
 import pytest
 from envoy.config.route.v3 import route_components_pb2
+from envoy.extensions.filters.http.jwt_authn.v3 import config_pb2 as jwt_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
 from google.protobuf import json_format
 from stoa_harness.envoy import validate_config
@@ -123,8 +124,16 @@ def test_without_native_placement_every_route_goes_to_the_service(options: Trans
     (listener,) = snapshot.of(LISTENER)
     manager = hcm.HttpConnectionManager()
     listener.filter_chains[0].filters[0].typed_config.Unpack(manager)
-    names = [f.name for f in manager.http_filters]
-    assert not {JWT_AUTHN_FILTER, CLAIMS_RBAC_FILTER, REQUEST_RBAC_FILTER} & set(names)
+    # The filters stand on the listener, off; Envoy verifies no token and no route switches them on.
+    (verifier,) = [f for f in manager.http_filters if f.name == JWT_AUTHN_FILTER]
+    config = jwt_pb2.JwtAuthentication()
+    assert verifier.typed_config.Unpack(config)
+    assert verifier.disabled
+    assert not config.providers
+    envoy_filters = {JWT_AUTHN_FILTER, CLAIMS_RBAC_FILTER, REQUEST_RBAC_FILTER}
+    for table in snapshot.of(ROUTE):
+        for entry in table.virtual_hosts[0].routes:
+            assert not envoy_filters & set(entry.typed_per_filter_config)
     assert not manager.access_log
 
 

@@ -52,7 +52,8 @@ def _provider(issuer: IssuerIR, options: TranslateOptions) -> jwt.JwtProvider:
 def listener_filter(
     issuers: Iterable[IssuerIR], tenants: Iterable[str], options: TranslateOptions
 ) -> jwt.JwtAuthentication:
-    """Providers and requirements for `tenants` (those with a route whose token Envoy verifies)."""
+    """Providers and requirements for `tenants` (those whose tokens Envoy verifies; none: the filter
+    is on the listener all the same, and a route naming a tenant it lacks is refused)."""
     wanted = set(tenants)
     config = jwt.JwtAuthentication()
     names: dict[str, list[str]] = {}
@@ -75,8 +76,6 @@ def listener_filter(
     return config
 
 
-def route_config(route: RouteIR, token_by_envoy: bool) -> jwt.PerRouteConfig:
-    if token_by_envoy:
-        return jwt.PerRouteConfig(requirement_name=route.tenant_id)
-    # No token on this route: nothing to verify (the filter still drops a client's subject header).
-    return jwt.PerRouteConfig(disabled=True)
+def route_config(route: RouteIR) -> jwt.PerRouteConfig:
+    """Switches the filter on for the route, with its tenant's requirement."""
+    return jwt.PerRouteConfig(requirement_name=route.tenant_id)

@@ -46,8 +46,19 @@ def verifiable_tenants(issuers: Iterable[IssuerIR]) -> frozenset[str]:
     return frozenset(tenant for tenant, ok in inline.items() if ok)
 
 
+def envoy_verifies(options: TranslateOptions) -> bool:
+    """Whether Envoy verifies any token on this site (it needs the site's audience)."""
+    return options.decision_placement != "service" and bool(options.audience)
+
+
+def envoy_verified_tenants(site: SiteIR, options: TranslateOptions) -> frozenset[str]:
+    """The tenants whose tokens jwt_authn verifies on a route that names them, whether or not such a
+    route exists yet (the listener holds their issuers from the first publication on)."""
+    return verifiable_tenants(site.issuers) if envoy_verifies(options) else frozenset()
+
+
 def place(route: RouteIR, verifiable: frozenset[str], options: TranslateOptions) -> str:
-    if options.decision_placement == "service" or not options.audience:
+    if not envoy_verifies(options):
         return SERVICE
     # Keys, consumers, subscriptions and OPA policies are only known to the service.
     by_service = route.policy("opa") is not None

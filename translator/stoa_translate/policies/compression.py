@@ -106,5 +106,4 @@ KIND = PolicyKind(
     None,
     listener_filters=listener_filters,
     route_configs=route_configs,
-    disabled_on_listener=True,
 )

@@ -38,8 +38,9 @@ class PolicyKind:
     - `message`: its typed contract (the member of `Policy.config` named like the kind);
     - `parse`: (policy id, typed config) → the kind's IR, frozen and hashable; raises ConfigError;
     - `normalised`: IR → the typed config in its normal form (what the CP stores and serves);
-    - `listener_filter`: the HTTP filter it needs on the listener (once, whatever the number of
-      routes using it), inert until a route's per-route config switches it on;
+    - `listener_filter`: the HTTP filter it needs on the listener (once, there from the first
+      publication whether or not a route uses the kind), off until a route's per-route config
+      switches it on;
     - `route_config`: (route id, IR) → the typed_per_filter_config it puts on that route's entries;
     - `extra_methods`: methods a method-constrained route must also match while the kind applies;
     - `list_limits`: its lists bounded by a limit of their own (JSON key → `limits.ListLimits`
@@ -53,8 +54,7 @@ class PolicyKind:
     size threshold, since a route cannot override either) gives instead:
     - `listener_filters`: (the IRs of every route using it) → its filter instances, by name, all
       standing at the position of `filter_name` in the order table;
-    - `route_configs`: (route id, IR) → the per-route config of each instance the route switches on;
-    - `disabled_on_listener`: its instances are off unless a route's per-route config names them.
+    - `route_configs`: (route id, IR) → the per-route config of each instance the route switches on.
     """
 
     name: str
@@ -69,10 +69,10 @@ class PolicyKind:
     long_text: frozenset[str] = frozenset()
     listener_filters: Callable[[Sequence[Any]], list[tuple[str, message.Message]]] | None = None
     route_configs: Callable[[str, Any], dict[str, message.Message]] | None = None
-    disabled_on_listener: bool = False
 
     def filters(self, used: Sequence[Any]) -> list[tuple[str, message.Message]]:
-        """The listener's filters for this kind, given the IRs of the routes that use it."""
+        """The listener's filters for this kind, given the IRs of the routes that use it (only a kind
+        configured per setting reads them)."""
         if self.listener_filters is not None:
             return self.listener_filters(used)
         return [] if self.listener_filter is None else [(self.filter_name, self.listener_filter())]
