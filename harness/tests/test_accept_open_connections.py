@@ -63,9 +63,12 @@ class Connection:
 
 
 @pytest.fixture
-def old_connection(gateway: Estate) -> Iterator[Connection]:
-    """A connection opened on the first publication's listener: one open route, no policy at all."""
+def old_connection(gateway: Estate, idp: DevIdentityProvider) -> Iterator[Connection]:
+    """A connection opened on the first publication's listener: one open route, no policy at all;
+    the tenant trusts the identity provider (keys inline, so Envoy verifies its tokens), but no
+    route asks for a token yet."""
     gateway.admin.create_tenant(TENANT, exist_ok=True)
+    gateway.admin.add_issuer(TENANT, idp.issuer, jwks=idp.jwks())
     gateway.publish("first", tenant_id=TENANT, auth={"mode": "none", "scopes": []})
     gateway.admin.wait_synced()
     connection = Connection(gateway)
@@ -81,8 +84,7 @@ def test_the_first_policies_of_each_kind_apply_on_a_connection_opened_before_the
     gateway: Estate, old_connection: Connection, idp: DevIdentityProvider
 ) -> None:
     admin, up = gateway.admin, gateway.upstream
-    # Keys inline: Envoy verifies the tokens and decides the route itself (no Check).
-    admin.add_issuer(TENANT, idp.issuer, jwks=idp.jwks())
+    # Envoy verifies the token and decides the route itself (no Check).
     gateway.publish("orders", tenant_id=TENANT, auth={"mode": "jwt", "scopes": ["orders:read"]})
     open_auth = {"mode": "none", "scopes": []}
     for api_id in ("fenced", "metered", "guarded"):
@@ -116,7 +118,9 @@ def test_the_first_policies_of_each_kind_apply_on_a_connection_opened_before_the
     assert status == 401, "a JWT route answered a request without a token"
     no_scope = idp.mint(tenant=TENANT, scope="other:read")
     status, _ = old.request("GET", "/apis/orders/items", headers={"authorization": f"Bearer {no_scope}"})
-    assert status in (401, 403), "a JWT route answered a token without its scope"
+    assert status == 403, "a JWT route answered a token without its scope"
+    good = idp.mint(tenant=TENANT, scope="orders:read")
+    assert old.request("GET", "/apis/orders/items", headers={"authorization": f"Bearer {good}"})[0] == 200
     status, _ = old.request("GET", "/apis/fenced/x")
     assert status == 403, "an address rule let a denied address through"
     assert old.request("GET", "/apis/metered/x")[0] == 200
@@ -129,5 +133,33 @@ def test_the_first_policies_of_each_kind_apply_on_a_connection_opened_before_the
     assert json.loads(content)["error"] == "guardrail_blocked"
     # The processor is on only where a body policy is: the open route beside it opens no stream.
     streams = gateway.envoy.counters(r"ext_proc\..*streams_started$")
+    assert streams > 0  # the guarded request's
     assert old.request("GET", "/apis/first/x")[0] == 200
     assert gateway.envoy.counters(r"ext_proc\..*streams_started$") == streams
+
+
+def test_an_issuer_removed_is_refused_on_a_connection_opened_while_it_was_trusted(
+    gateway: Estate, idp: DevIdentityProvider
+) -> None:
+    """The listener holds the issuers' keys (jwt_authn), so removing an issuer changes it: the old
+    listener would still verify the removed issuer's tokens. The route checks the issuer again."""
+    admin = gateway.admin
+    with DevIdentityProvider(audience=AUDIENCE) as second:
+        admin.create_tenant(TENANT, exist_ok=True)
+        admin.add_issuer(TENANT, idp.issuer, jwks=idp.jwks())
+        removed = admin.add_issuer(TENANT, second.issuer, jwks=second.jwks())
+        gateway.publish("vault", tenant_id=TENANT, auth={"mode": "jwt", "scopes": []})
+        admin.wait_synced()
+        kept_token = {"authorization": f"Bearer {idp.mint(tenant=TENANT)}"}
+        removed_token = {"authorization": f"Bearer {second.mint(tenant=TENANT)}"}
+        connection = Connection(gateway)
+        try:
+            assert connection.request("GET", "/apis/vault/x", headers=kept_token)[0] == 200
+            assert connection.request("GET", "/apis/vault/x", headers=removed_token)[0] == 200
+            admin.delete_issuer(TENANT, removed["issuer_id"])
+            admin.wait_synced()
+            status, _ = connection.request("GET", "/apis/vault/x", headers=removed_token)
+            assert status == 401, "a removed issuer's token was accepted"
+            assert connection.request("GET", "/apis/vault/x", headers=kept_token)[0] == 200
+        finally:
+            connection.close()

@@ -9,8 +9,9 @@ resource as the same object, so it costs those routes, not the 10,000 others.
 
 `Kept.apply` gives None, and the caller translates the complete inventory, for anything else: a change
 of policies, issuers, tools, consumers, subscriptions or revocations; a changed route that a policy
-names, or of kind mcp; one that changes what the listener is rendered from (the tenants present, the
-placements used, the tenants whose tokens jwt_authn verifies, whether routes go by scope). What it
+names, or of kind mcp; one that changes the site-wide facts (the tenants present, the placements used,
+the tenants whose tokens jwt_authn verifies, whether routes go by scope: some of them are no longer
+what the listener is rendered from, and a change of them takes the full path all the same). What it
 refuses, it refuses as `ir.build` would, in the same words; what it gives equals the full translation
 (tested on random changes).
 """
@@ -18,7 +19,6 @@ refuses, it refuses as `ir.build` would, in the same words; what it gives equals
 from __future__ import annotations
 
 import bisect
-import dataclasses
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -79,6 +79,7 @@ class Kept:
     by_scope: bool
     proc_version: str | None
     verifiable: frozenset[str]
+    trust: dict[str, placement.Trust]
     routes: dict[str, ir.RouteIR]
     bodies: dict[str, bytes]  # route id → its rendered entries (a VirtualHost holding only them)
     prefixes: dict[str, str]
@@ -136,6 +137,7 @@ class Kept:
             by_scope=by_scope,
             proc_version=proc_version,
             verifiable=placement.verifiable_tenants(site.issuers),
+            trust=placement.trust_by_tenant(site.issuers),
             routes={r.route_id: r for r in routes},
             bodies={r.route_id: body for r, body in zip(routes, bodies, strict=True)},
             prefixes={r.path_prefix: r.route_id for r in routes},
@@ -289,8 +291,7 @@ class Kept:
             key = message.SerializeToString(deterministic=True)  # type: ignore[union-attr]
             route = resolved.get(key) or ir.route_ir(message, backends)  # type: ignore[arg-type]
             resolved[key] = route
-            where = placement.place(route, self.verifiable, self.options)
-            new[route_id] = route if where == route.placement else dataclasses.replace(route, placement=where)
+            new[route_id] = placement.placed_route(route, self.verifiable, self.trust, self.options)
         return new
 
     def _same_site(self, old: dict[str, ir.RouteIR], new: dict[str, ir.RouteIR | None]) -> bool:

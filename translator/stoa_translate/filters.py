@@ -46,7 +46,7 @@ EXT_PROC_MESSAGE_TIMEOUT_MS = 2000
 # THE order of the chain: a filter is listed once, here, with the reason for its position. Every
 # filter is on the listener from the first publication, whatever the routes use (the compressor's
 # instances aside: one per setting, and no request is refused for want of one), and all but the Check
-# and the router are off there, switched on by the routes that need them (`DISABLED_ON_LISTENER`).
+# and the router (`ENABLED_ON_LISTENER`) are off there, switched on by the routes that need them.
 # So a route never needs a filter that an older listener lacks: Envoy keeps serving a connection on
 # the listener that accepted it until that listener has drained, with the route tables already new.
 # Before all of them, outside the chain, the connection manager's early header mutation strips the
@@ -254,8 +254,8 @@ def ext_authz_route(
 
 def virtual_host_configs(proc_version: str | None) -> dict[str, any_pb2.Any]:
     """typed_per_filter_config of the virtual host: what every route shares. The processing
-    service's stream metadata names the processing policy set (when a route uses it); Envoy merges it
-    into each route's own."""
+    service's stream metadata names the processing policy set (in a table where a route uses it);
+    Envoy merges it into each route's own."""
     configs = {}
     if proc_version is not None:
         configs[EXT_PROC_FILTER] = packed(

@@ -77,6 +77,10 @@ class RouteIR:
     key_header: str = ""
     # jwt: the token's consumer must hold an active subscription to this API.
     subscription: bool = False
+    # Where jwt_authn verifies the token: the tenant's issuers and their key ids at this translation
+    # (`placement.Trust`), checked again after the signature, since a listener older than the last
+    # change of those issuers may still hold a removed one; set with the placement.
+    trust: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __hash__(self) -> int:
         # Hashed once per object: a route is a dictionary key several times in every translation
@@ -143,21 +147,13 @@ class SiteIR:
         return any(route.kind == MCP_KIND for route in self.routes)
 
     def __post_init__(self) -> None:
-        # What the listener asks of every route, gathered once: a walk of 10,000 routes per question
+        # Whether the processing set is in use, gathered once: a walk of 10,000 routes per question
         # was a visible part of a 1-route translation.
         kinds = frozenset(name for route in self.routes if route.policies for name, _ in route.policies)
-        buffered = any(route.request_buffer_bytes() is not None for route in self.routes if route.policies)
         object.__setattr__(self, "_kinds", kinds)
-        object.__setattr__(self, "_buffered", buffered)
-
-    def needs(self, kind: str) -> bool:
-        return kind in self._kinds  # type: ignore[attr-defined]
 
     def needs_processing(self) -> bool:
         return not self._kinds.isdisjoint(PROCESSING_KINDS)  # type: ignore[attr-defined]
-
-    def needs_request_buffer(self) -> bool:
-        return bool(self._buffered)  # type: ignore[attr-defined]
 
 
 # Route content (deterministic serialisation) → its IR without policies. Content-keyed, so a hit is

@@ -258,7 +258,7 @@ def _retry_after(seconds: int) -> base_pb2.HeaderValueOption:
 
 
 def _processing_replies() -> list[hcm.ResponseMapper]:
-    """With the processing service on some route: its own answers (details `stoa_proc_*`) pass as
+    """The processing service's own answers (details `stoa_proc_*`) pass as
     they are; the service unreachable, failing or past its timeout (`ext_proc_error*`, a 503 by
     `status_on_error`) gets the neutral body and Retry-After; a body over Envoy's own buffer (413)
     gets the service's 413 body, so the client sees one contract for the size limit."""

@@ -311,6 +311,8 @@ def _decision_configs(route: RouteIR, options: TranslateOptions) -> dict[str, an
             configs[CLAIMS_RBAC_FILTER] = packed(claims.claims_config(route, options))
     else:
         configs[EXT_AUTHZ_FILTER] = packed(_check_context(route))
+        if route.auth_mode == "jwt":
+            configs[CLAIMS_RBAC_FILTER] = packed(claims.trust_config(route))
     if route.auth_mode == "jwt":
         configs[REQUEST_RBAC_FILTER] = packed(claims.request_config())
         configs[JWT_AUTHN_FILTER] = packed(jwt_authn.route_config(route))

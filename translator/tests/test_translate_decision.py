@@ -8,6 +8,7 @@ import json
 import pytest
 from envoy.config.route.v3 import route_components_pb2
 from envoy.extensions.filters.http.jwt_authn.v3 import config_pb2 as jwt_pb2
+from envoy.extensions.filters.http.rbac.v3 import rbac_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
 from google.protobuf import json_format
 from stoa_harness.envoy import validate_config
@@ -196,3 +197,32 @@ def test_native_configuration_is_valid_for_envoy() -> None:
         }
     )
     validate_config(bootstrap)
+
+
+def _claims_rules(snapshot: Snapshot, route_id: str) -> str:
+    return json_format.MessageToJson(_unpacked(per_route(snapshot)[route_id][CLAIMS_RBAC_FILTER]))
+
+
+def _unpacked(config: object) -> object:
+    message = rbac_pb2.RBACPerRoute()
+    assert config.Unpack(message)  # type: ignore[attr-defined]
+    return message
+
+
+def test_a_verified_token_is_checked_again_against_the_tenants_issuers_and_keys_now() -> None:
+    """jwt_authn's keys live on the listener, which an open connection may hold from before an
+    issuer or key was removed: the routes whose token Envoy verifies name the issuers and key ids
+    of now, and a removal gives those routes new rules."""
+    inventory = estate()
+    two_keys = json.dumps({"keys": [{**json.loads(JWKS)["keys"][0], "kid": k} for k in ("k-old", "k-new")]})
+    inventory.issuers[0].jwks_json = two_keys
+    before = translate(inventory, AUTO)
+    for route_id in ("jwt", "sealed"):  # decided by Envoy; by the service on Envoy's verification
+        rules = _claims_rules(before, route_id)
+        assert all(text in rules for text in ("https://idp.acme", "k-old", "k-new"))
+    assert CLAIMS_RBAC_FILTER not in per_route(before)["fetched"]  # the service verifies that one
+    inventory.issuers[0].jwks_json = json.dumps({"keys": [json.loads(two_keys)["keys"][1]]})
+    after = translate(inventory, AUTO)
+    rules = _claims_rules(after, "jwt")
+    assert "k-new" in rules
+    assert "k-old" not in rules

@@ -5,7 +5,8 @@ Each rule is a DENY policy whose name says why (`error_contract` maps the name t
 status and the challenge). The claims policies exclude one another, so whichever Envoy evaluates
 first, a request is denied for the reason the service would give, in the service's order: the token
 itself (`iss` present, `sub` present and fit for a header by `stoa_proto.decisions.HEADER_CLAIM`, no
-critical header extension), then the tenant claim, then every required scope.
+critical header extension, an issuer and key the tenant trusts now), then the tenant claim, then
+every required scope.
 
 Scopes come from `scope` (space-separated) or `scp` (a list, or space-separated). A `safe_regex`
 string match is a full match, so a scope inside a space-separated claim is `(.* )?scope( .*)?`.
@@ -122,10 +123,40 @@ def request_config() -> rbac_pb2.RBACPerRoute:
     return _deny({error_contract.POLICIES[Reason.MALFORMED_REQUEST]: repeated})
 
 
+def _trusted(route: RouteIR) -> rbac_config.Principal:
+    """The token's issuer is one of the tenant's issuers now, and the key id it names (if any) one of
+    that issuer's keys now. jwt_authn verified it with the keys of the listener that accepted the
+    connection, which may be older than the last change of the tenant's issuers: a removed issuer or
+    key is refused here all the same (a token naming no key id cannot be told apart by its key)."""
+    if not route.trust:
+        return _claim("iss", value=_PRESENT)
+    kid = ("kid",)
+
+    def issuer(iss: str, kids: tuple[str, ...]) -> rbac_config.Principal:
+        named = _claim("iss", value=_string(exact=iss))
+        if not kids:
+            return named
+        key = _any(
+            (
+                _not(_verified(jwt_authn.HEADER, kid, _PRESENT)),
+                *(_verified(jwt_authn.HEADER, kid, _string(exact=k)) for k in kids),
+            )
+        )
+        return _all((named, key))
+
+    return _any(issuer(iss, kids) for iss, kids in route.trust)
+
+
+def trust_config(route: RouteIR) -> rbac_pb2.RBACPerRoute:
+    """For a route whose token jwt_authn verifies and the service decides: the issuer and key rule
+    alone (the service decides the rest)."""
+    return _deny({error_contract.POLICIES[Reason.INVALID_TOKEN]: _not(_trusted(route))})
+
+
 def claims_config(route: RouteIR, options: TranslateOptions) -> rbac_pb2.RBACPerRoute:
     token_ok = _all(
         (
-            _claim("iss", value=_PRESENT),
+            _trusted(route),
             _claim("sub", value=_regex(HEADER_CLAIM)),
             _not(_verified(jwt_authn.HEADER, ("crit",), _PRESENT)),
         )

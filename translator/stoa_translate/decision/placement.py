@@ -18,7 +18,8 @@ Without the site's audience no route is decided by Envoy: the service then denie
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from envoy.config.route.v3 import route_components_pb2
@@ -69,15 +70,45 @@ def place(route: RouteIR, verifiable: frozenset[str], options: TranslateOptions)
     return SERVICE_VERIFIED_TOKEN if by_service or route.envelope or route.subscription else ENVOY
 
 
+# A tenant's issuers as a route whose token jwt_authn verified checks them again: (iss, the key ids
+# of its key set now; empty when a key has none, so any key id or none).
+Trust = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def _key_ids(jwks_json: str) -> tuple[str, ...]:
+    try:
+        keys = json.loads(jwks_json).get("keys", []) if jwks_json else []
+    except (ValueError, AttributeError):
+        return ()
+    ids = [key.get("kid") if isinstance(key, dict) else None for key in keys]
+    if not ids or not all(isinstance(kid, str) and kid for kid in ids):
+        return ()
+    return tuple(sorted(set(ids)))  # type: ignore[arg-type]
+
+
+def trust_by_tenant(issuers: Iterable[IssuerIR]) -> dict[str, Trust]:
+    found: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+    for issuer in issuers:
+        found.setdefault(issuer.tenant_id, []).append((issuer.issuer, _key_ids(issuer.jwks_json)))
+    return {tenant: tuple(sorted(entries)) for tenant, entries in found.items()}
+
+
+def placed_route(
+    route: RouteIR, verifiable: frozenset[str], trust: Mapping[str, Trust], options: TranslateOptions
+) -> RouteIR:
+    """The route with its placement set and, when jwt_authn verifies its token, its tenant's issuers
+    and keys as they are now (the same object when neither changes)."""
+    where = place(route, verifiable, options)
+    verified = where in TOKEN_BY_ENVOY and route.auth_mode == "jwt"
+    trusted = trust.get(route.tenant_id, ()) if verified else ()
+    if where == route.placement and trusted == route.trust:
+        return route
+    return dataclasses.replace(route, placement=where, trust=trusted)
+
+
 def placed(site: SiteIR, options: TranslateOptions) -> SiteIR:
-    """`site` with each route's placement set (a route keeps its object when it stays `SERVICE`)."""
+    """`site` with each route placed (`placed_route`)."""
     verifiable = verifiable_tenants(site.issuers)
-    routes = []
-    for route in site.routes:
-        where = place(route, verifiable, options)
-        routes.append(route if where == route.placement else dataclasses.replace(route, placement=where))
-    return dataclasses.replace(site, routes=tuple(routes))
-
-
-def uses(site: SiteIR, *placements: str) -> bool:
-    return any(route.placement in placements for route in site.routes)
+    trust = trust_by_tenant(site.issuers)
+    routes = tuple(placed_route(route, verifiable, trust, options) for route in site.routes)
+    return dataclasses.replace(site, routes=routes)
