@@ -91,6 +91,7 @@ async def serve(settings: Settings) -> None:
     stop = asyncio.Event()
     stop_on_signals(stop)
     await module.verifier.refresh()
+    module.call_log.start()
     ads_task = asyncio.create_task(subscription.run(), name="stoa-mcp-ads")
     servers = [asyncio.create_task(mcp.serve(), name="stoa-mcp-mcp")]
     log.info("started", extra={"mcp_address": settings.mcp_address, "http_address": settings.http_address})
@@ -110,5 +111,6 @@ async def serve(settings: Settings) -> None:
         with contextlib.suppress(asyncio.CancelledError, OSError, SystemExit):
             await asyncio.gather(*servers, ads_task, return_exceptions=True)
         await http.close()
+        module.call_log.close()
         if module.budgets is not None:
             module.budgets.close()

@@ -31,6 +31,7 @@ from stoa_proto.decisions import IDENTITY_HEADER
 from stoa_mcp.budgets import Budgets, BudgetUnavailable
 from stoa_mcp.call import error_result, invoke
 from stoa_mcp.identity import EnvelopeVerifier, NotIdentified
+from stoa_mcp.log import CallLog
 from stoa_mcp.permissions import Caller, Permissions
 from stoa_mcp.registry import CompiledTool, Registry
 
@@ -75,6 +76,8 @@ class McpModule:
         self._timeout_ms = upstream_timeout_ms
         self.budgets = budgets
         self.calls: Counter[str] = Counter()
+        # Written by its flusher once started (`serve`); unstarted, lines wait in memory until close().
+        self.call_log = CallLog()
         self.server: Server[Any] = Server(
             "stoa-mcp",
             version="0.1.0",
@@ -159,7 +162,7 @@ class McpModule:
         tool = self.callable_tool(caller, params.name)
         if tool is None:
             self.calls["unknown_tool"] += 1
-            log.info("tool_call", extra={"outcome": "unknown_tool", "tenant": caller.tenant_id})
+            self.call_log.emit("unknown_tool", caller.tenant_id)
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {params.name}")
         started = time.perf_counter()
         if tool.budget is not None:
@@ -179,15 +182,7 @@ class McpModule:
         result = await invoke(self._http, tool, dict(params.arguments or {}), envelope, self._timeout_ms)
         outcome = "error" if result.is_error else "ok"
         self.calls[outcome] += 1
-        log.info(
-            "tool_call",
-            extra={
-                "outcome": outcome,
-                "tenant": caller.tenant_id,
-                "tool": tool.name,
-                "ms": round((time.perf_counter() - started) * 1000, 2),
-            },
-        )
+        self.call_log.emit(outcome, caller.tenant_id, tool.name, (time.perf_counter() - started) * 1000)
         return result
 
     # ---- HTTP ----------------------------------------------------------------------------------
