@@ -4,6 +4,7 @@ refusal naming its limit."""
 
 from __future__ import annotations
 
+import asyncpg
 import httpx
 from stoa_harness.cp_client import fresh_id
 
@@ -58,6 +59,26 @@ async def test_bulk_publishes_many_apis_in_one_generation_and_a_replay_changes_n
     inventory = await api.inventory(gateway_id, credential=credential)
     assert sorted(t["route_id"] for t in inventory["tombstones"]) == sorted(ids[1:3])
     assert next(r for r in inventory["routes"] if r["route_id"] == ids[0])["methods"] == ["GET", "POST"]
+
+
+async def test_a_large_import_leaves_the_tables_analyzed(cp_factory, monkeypatch) -> None:
+    # Until a table is analyzed, the planner finds a generation's changed routes by walking every
+    # deployment of the gateway: an import gives statistics of what it wrote (a smaller bar here).
+    monkeypatch.setattr("stoa_cp.store.bulk.ANALYZE_ROWS", 40)
+    cp = await cp_factory()
+    async with cp.client() as api:
+        tenant_id = await api.new_tenant()
+        gateway_id, _ = await api.new_gateway()
+        ids = [fresh_id("s") for _ in range(20)]
+        body = {"apis": [api_body(a) for a in ids], "deploy": [{"gateway_id": gateway_id, "api_ids": ids}]}
+        response = await api.answer("POST", f"/v1/tenants/{tenant_id}/bulk", json=body)
+        assert response.status_code == 200, response.text
+    conn = await asyncpg.connect(cp.dsn)
+    try:
+        counted = "SELECT relname, reltuples FROM pg_class WHERE relname = ANY($1::text[])"
+        assert dict(await conn.fetch(counted, ["apis", "deployments"])) == {"apis": 20, "deployments": 20}
+    finally:
+        await conn.close()
 
 
 async def test_a_refused_item_stores_nothing_and_is_named(api) -> None:

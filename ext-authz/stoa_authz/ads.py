@@ -10,6 +10,7 @@ from every response first, even one refused as a whole: a revocation is never ro
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import grpc
 from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
@@ -24,14 +25,49 @@ TYPE_URL = "type.googleapis.com/stoa.authz.v1.AuthzPolicySet"
 __all__ = ["TYPE_URL", "decode", "revocations", "subscribe"]
 
 
+class _Unpacked:
+    """The resources of a response, decoded once for the revocation reader and the compiler, and
+    by their bytes: a response re-sends every bucket, and a resource sent again unchanged is not
+    parsed again (only the last response's are held; a response is never edited once received)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._response: DiscoveryResponse | None = None
+        self._decoded: list[authz_pb2.AuthzPolicySet | None] = []
+        self._by_bytes: dict[bytes, authz_pb2.AuthzPolicySet] = {}
+
+    def __call__(self, response: DiscoveryResponse) -> list[authz_pb2.AuthzPolicySet | None]:
+        """Each resource of `response` as an AuthzPolicySet (None: another type, or undecodable).
+        The messages may be shared with other responses: nobody mutates them."""
+        with self._lock:
+            if response is not self._response:
+                by_bytes: dict[bytes, authz_pb2.AuthzPolicySet] = {}
+                decoded: list[authz_pb2.AuthzPolicySet | None] = []
+                for resource in response.resources:
+                    message = None
+                    if resource.type_url == TYPE_URL:
+                        value = resource.value
+                        message = self._by_bytes.get(value, by_bytes.get(value))
+                        if message is None:
+                            with contextlib.suppress(DecodeError):
+                                message = authz_pb2.AuthzPolicySet.FromString(value)
+                        if message is not None:
+                            by_bytes[value] = message
+                    decoded.append(message)
+                self._response, self._decoded, self._by_bytes = response, decoded, by_bytes
+            return self._decoded
+
+
+_unpacked = _Unpacked()
+
+
 def decode(response: DiscoveryResponse) -> PolicySet:
     """The policy set of a response, compiled; PolicyError if it cannot be used."""
     if response.type_url != TYPE_URL:
         raise Refused(f"unexpected type {response.type_url!r}")
     resources: list[authz_pb2.AuthzPolicySet] = []
-    for resource in response.resources:
-        decoded = authz_pb2.AuthzPolicySet()
-        if resource.type_url != TYPE_URL or not resource.Unpack(decoded):
+    for resource, decoded in zip(response.resources, _unpacked(response), strict=True):
+        if decoded is None:
             raise Refused(f"resource of type {resource.type_url!r} is not an AuthzPolicySet")
         resources.append(decoded)
     # The site resource is the one named `default`, or a lone set left unnamed (as a hand-built one
@@ -47,14 +83,8 @@ def revocations(response: DiscoveryResponse) -> set[bytes]:
     """The revoked key digests in the policy sets of `response`, read even from a set that is
     refused as a whole: a revocation applies whatever happens to the set that carries it."""
     found: set[bytes] = set()
-    for resource in response.resources:
-        message = authz_pb2.AuthzPolicySet()
-        try:
-            if resource.type_url != TYPE_URL or not resource.Unpack(message):
-                continue
-        except DecodeError:
-            continue
-        for hex_digest in message.revoked_key_sha256:
+    for message in _unpacked(response):
+        for hex_digest in message.revoked_key_sha256 if message is not None else ():
             with contextlib.suppress(PolicyError):
                 found.add(digest_of(hex_digest, "revoked key"))
     return found

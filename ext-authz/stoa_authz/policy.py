@@ -103,6 +103,19 @@ _REUSE_DEPTH = 4
 
 
 @dataclass(frozen=True, slots=True)
+class _Bucket:
+    """One route bucket as compiled: reused whole while its version and its tenants' issuer maps are
+    the ones in force, and route by route (by content) when a new version of it comes."""
+
+    version: str
+    routes: dict[str, Route]
+    # The issuer maps its routes hold, by tenant.
+    issuers: dict[str, dict[str, TrustedIssuer]]
+    # A route's deterministic serialisation → its compiled Route.
+    by_content: dict[bytes, Route]
+
+
+@dataclass(frozen=True, slots=True)
 class _Compiled:
     """What one successful compilation produced, by content, for the next ones to reuse."""
 
@@ -110,13 +123,11 @@ class _Compiled:
     keys: dict[str, dict[str, VerificationKey]]
     # (tenant, its issuers as delivered: (issuer, jwks_json, jwks_uri) in order) → its issuer map.
     tenants: dict[tuple[str, tuple[tuple[str, str, str], ...]], dict[str, TrustedIssuer]]
-    # A route's deterministic serialisation → its compiled Route.
+    # The routes of the `default` resource: deterministic serialisation → compiled Route.
     routes: dict[bytes, Route]
-    # A route bucket's (name, version) → its compiled routes by id, and the issuer maps they hold by
-    # tenant (reused as a whole only while every one of those maps is still the tenant's).
-    buckets: dict[tuple[str, str], tuple[dict[str, Route], dict[str, dict[str, TrustedIssuer]]]] = field(
-        default_factory=dict
-    )
+    # The route buckets by name. A route's bucket follows its id, so an edited route is found again
+    # in the previous versions of its own bucket (a bucket reused whole keeps its routes by content).
+    buckets: dict[str, _Bucket] = field(default_factory=dict)
 
 
 # Newest first. Content-keyed, so reuse gives what compiling again would; only the ADS thread (or a
@@ -185,22 +196,29 @@ def _compile(
         done.tenants[content] = tenant
         issuers[tenant_id] = tenant
     routes: dict[str, Route] = {}
-    _compile_routes(message.routes, routes, issuers, recent, done)
+    _compile_routes(message.routes, routes, issuers, [c.routes for c in recent], done.routes)
     for bucket in buckets:
-        key = (bucket.name, bucket.version)
-        if key in done.buckets:
+        if bucket.name in done.buckets:
             raise PolicyError(f"policy set {bucket.name!r}: listed twice")
-        hit = next((c.buckets[key] for c in recent if key in c.buckets), None)
-        if hit is not None and all(issuers.get(t, _NO_ISSUERS) is m for t, m in hit[1].items()):
-            if not routes.keys().isdisjoint(hit[0]):
-                raise PolicyError(f"route {min(routes.keys() & hit[0])!r}: listed twice")
-            routes.update(hit[0])
-            done.buckets[key] = hit
+        before = [b for c in recent if (b := c.buckets.get(bucket.name)) is not None]
+        hit = next((b for b in before if b.version == bucket.version), None)
+        if hit is not None and all(issuers.get(t, _NO_ISSUERS) is m for t, m in hit.issuers.items()):
+            held = len(routes)
+            routes.update(hit.routes)
+            if len(routes) != held + len(hit.routes):
+                earlier = [r.route_id for r in message.routes] + [
+                    i for b in done.buckets.values() for i in b.routes
+                ]
+                raise PolicyError(f"route {min(hit.routes.keys() & set(earlier))!r}: listed twice")
+            done.buckets[bucket.name] = hit
             continue
         own: dict[str, Route] = {}
-        _compile_routes(bucket.routes, own, issuers, recent, done, routes)
+        by_content: dict[bytes, Route] = {}
+        sources = [b.by_content for b in before] + [c.routes for c in recent]
+        _compile_routes(bucket.routes, own, issuers, sources, by_content, routes)
         routes.update(own)
-        done.buckets[key] = (own, {r.tenant_id: r.issuers for r in own.values()})
+        issuer_maps = {r.tenant_id: r.issuers for r in own.values()}
+        done.buckets[bucket.name] = _Bucket(bucket.version, own, issuer_maps, by_content)
     policy_set = PolicySet(set_version((message, *buckets)), routes)
     _compile_consumers(message, policy_set)
     return policy_set, done
@@ -210,22 +228,23 @@ def _compile_routes(
     listed: Iterable[authz_pb2.AuthzRoute],
     routes: dict[str, Route],
     issuers: dict[str, dict[str, TrustedIssuer]],
-    recent: tuple[_Compiled, ...],
-    done: _Compiled,
+    sources: list[dict[bytes, Route]],
+    by_content: dict[bytes, Route],
     elsewhere: dict[str, Route] | None = None,
 ) -> None:
-    """Each route of `listed` into `routes`, reused by content from recent compilations where it can
-    be (`elsewhere`: the routes of the set compiled so far, for the duplicate check)."""
+    """Each route of `listed` into `routes` (and `by_content`), reused by content from `sources`
+    (recent compilations) where it can be (`elsewhere`: the routes of the set compiled so far, for
+    the duplicate check)."""
     for route in listed:
         content_key = route.SerializeToString(deterministic=True)
         tenant = issuers.get(route.tenant_id, _NO_ISSUERS)
-        compiled = next((c.routes[content_key] for c in recent if content_key in c.routes), None)
+        compiled = next((s[content_key] for s in sources if content_key in s), None)
         if compiled is None or compiled.route_id in routes or (elsewhere and compiled.route_id in elsewhere):
             compiled = _compile_route(route, routes, tenant, elsewhere)
         elif compiled.issuers is not tenant:
             compiled = replace(compiled, issuers=tenant)
         routes[compiled.route_id] = compiled
-        done.routes[content_key] = compiled
+        by_content[content_key] = compiled
 
 
 def digest_of(hex_digest: str, where: str) -> bytes:

@@ -206,6 +206,23 @@ def test_an_unchanged_bucket_is_reused_whole_and_a_changed_one_compiled(idp, pol
     assert third.routes["orders"].issuers[idp.issuer].jwks_uri == "https://idp.example/jwks"
 
 
+def test_an_edited_bucket_keeps_its_unchanged_routes_after_being_reused_whole(idp, policy):
+    default, buckets = split(policy(idp, "keep-1"))
+    bucket = merged(buckets)
+    bucket.name, bucket.version = "routes-000", "k1"
+    first = compile_policy_set(default, [bucket])
+    # Reused whole as often as the service remembers compilations: its routes are still known.
+    for _ in range(5):
+        assert compile_policy_set(default, [bucket]).routes["orders"] is first.routes["orders"]
+    edited = authz_pb2.AuthzPolicySet()
+    edited.CopyFrom(bucket)
+    edited.version = "k2"
+    edited.routes[1].api_id = "open-2"
+    second = compile_policy_set(default, [edited])
+    assert second.routes["orders"] is first.routes["orders"]
+    assert (second.routes["open"].api_id, first.routes["open"].api_id) == ("open-2", "open")
+
+
 def test_buckets_are_refused_for_what_a_set_is_refused_for(idp, policy):
     default, buckets = split(policy(idp, "dup-1"))
     twice = authz_pb2.AuthzPolicySet(name="routes-009", version="x")
@@ -219,6 +236,13 @@ def test_buckets_are_refused_for_what_a_set_is_refused_for(idp, policy):
     site_wide = authz_pb2.AuthzPolicySet(name="routes-011", version="y", revoked_key_sha256=["00" * 32])
     with pytest.raises(PolicyError, match="only routes belong in a route bucket"):
         compile_policy_set(default, [*buckets, site_wide])
+    # A bucket reused whole is checked against the rest of the set as a compiled one is.
+    compile_policy_set(default, buckets)
+    with_route = authz_pb2.AuthzPolicySet()
+    with_route.CopyFrom(default)
+    with_route.routes.add().CopyFrom(buckets[0].routes[0])
+    with pytest.raises(PolicyError, match=f"route {buckets[0].routes[0].route_id!r}: listed twice"):
+        compile_policy_set(with_route, buckets)
 
 
 def test_a_response_is_taken_as_its_default_and_its_buckets(idp, policy):
@@ -240,3 +264,23 @@ def test_a_response_is_taken_as_its_default_and_its_buckets(idp, policy):
     unnamed = merged([default, *buckets])
     unnamed.name = ""
     assert set(ads.decode(response(unnamed)).routes) == {"orders", "open"}
+    # Resources sent again byte for byte (their decoding is reused) give the same set; an edited
+    # one is decoded anew.
+    assert ads.decode(response(default, *buckets)).version == ads.decode(response(default, *buckets)).version
+    edited = authz_pb2.AuthzPolicySet()
+    edited.CopyFrom(buckets[1])
+    edited.version, edited.routes[0].api_id = "b1-edited", "open-2"
+    assert ads.decode(response(default, buckets[0], edited)).routes["open"].api_id == "open-2"
+    # What cannot be decoded is refused, and revocations are read from what can be.
+    broken = response(default, *buckets)
+    broken.resources[1].value = b"\xff\xff"
+    with pytest.raises(Refused, match="is not an AuthzPolicySet"):
+        ads.decode(broken)
+    revoking = authz_pb2.AuthzPolicySet()
+    revoking.CopyFrom(default)
+    revoking.revoked_key_sha256.append("ab" * 32)
+    broken = response(revoking, *buckets)
+    broken.resources[1].value = b"\xff\xff"
+    assert ads.revocations(broken) == {bytes.fromhex("ab" * 32)}
+    with pytest.raises(Refused, match="is not an AuthzPolicySet"):
+        ads.decode(broken)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from envoy.config.route.v3 import route_pb2
@@ -35,7 +36,7 @@ from stoa_harness.ads_site import GATEWAY, AdsSite
 from stoa_harness.bench.report import percentile, spread
 from stoa_harness.bench.rig import TENANT, Rig, rss_mib
 from stoa_harness.cp_client import CPClient
-from stoa_harness.wait import wait_until
+from stoa_harness.wait import GiveUp, wait_until
 
 POLL_S = 0.005
 PREFIX = "pub"
@@ -54,8 +55,9 @@ class Ladder:
             self.rig.estate.admin.wait_synced(self.rig.bulk_deploy(new), timeout=120)
             self.ids += new
 
-    def _serving(self, path: str, deadline_s: float = 30.0) -> float:
-        start = time.perf_counter()
+    def _serving(self, path: str, deadline_s: float = 30.0, start: float | None = None) -> float:
+        """s from `start` (now by default) to `path` answering 200 through Envoy."""
+        start = time.perf_counter() if start is None else start
         wait_until(lambda: self.rig.answers(path), deadline_s, f"{path} answering 200", interval=POLL_S)
         return time.perf_counter() - start
 
@@ -87,6 +89,20 @@ class Ladder:
         ]
         return sizes[-1] if sizes else 0
 
+    def _synced_after(self, start: float) -> tuple[float, int]:
+        """s from `start` to the CP status SYNCED at the generation desired now, and that generation."""
+        admin = self.rig.estate.admin
+        target = admin.desired_generation()
+
+        def synced() -> bool:
+            status = admin.status()
+            if status["state"] == "FAILED":
+                raise GiveUp(f"1-route change FAILED: {status['last_report']}")
+            return int(status.get("acknowledged_generation") or 0) >= target and status["state"] == "SYNCED"
+
+        wait_until(synced, 60, "1-route change SYNCED", interval=POLL_S)
+        return time.perf_counter() - start, target
+
     def one_change(self, samples: int, tag: str) -> dict[str, Any]:
         """Edit one API's path prefix; ms to SYNCED and ms to the new path serving, and the bytes the
         event stream carried to the Link for it. `tag` makes each run's prefixes new."""
@@ -98,32 +114,14 @@ class Ladder:
             body = self.rig.api_body(api_id, path_prefix=new_prefix)
             estate.admin.update_api(api_id, body, tenant_id=TENANT)
             start = time.perf_counter()
-            target = estate.admin.desired_generation()
-            marks: dict[str, float] = {}
-
-            def both(
-                target: int = target,
-                prefix: str = new_prefix,
-                marks: dict[str, float] = marks,
-                start: float = start,
-            ) -> bool:
-                now = time.perf_counter() - start
-                if "serving" not in marks and self.rig.answers(f"{prefix}/x"):
-                    marks["serving"] = now
-                if "synced" not in marks:
-                    status = estate.admin.status()
-                    if status["state"] == "FAILED":
-                        raise AssertionError(f"1-route change FAILED: {status['last_report']}")
-                    if (
-                        int(status.get("acknowledged_generation") or 0) >= target
-                        and status["state"] == "SYNCED"
-                    ):
-                        marks["synced"] = now
-                return len(marks) == 2
-
-            wait_until(both, 60, "1-route change SYNCED and serving", interval=POLL_S)
-            synced_ms.append(marks["synced"] * 1000)
-            serving_ms.append(marks["serving"] * 1000)
+            # The CP's status is polled on a thread of its own: polled in turn with the requests
+            # through Envoy, each turn's CP call delayed the request that sees the change serve.
+            with ThreadPoolExecutor(1) as status_poll:
+                synced = status_poll.submit(self._synced_after, start)
+                serving_s = self._serving(f"{new_prefix}/x", 60, start)
+                synced_s, target = synced.result(timeout=60)
+            synced_ms.append(synced_s * 1000)
+            serving_ms.append(serving_s * 1000)
             event_bytes.append(self._event_bytes(target))
         return {
             "synced_ms": spread(synced_ms),
