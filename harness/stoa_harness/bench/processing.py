@@ -13,9 +13,9 @@ that changes nothing (`noop_proc`, the same grpcio server), in one run.
   `proc_stream_ttfb_ratio` = stoa-proc's added time ÷ the no-op processor's.
 The no-op processor takes stoa-proc's port while stoa-proc is stopped: nothing else changes. The two
 alternate in an A-B-B-A order (stoa-proc, no-op, no-op, stoa-proc, …), each warmed up after it takes
-the port: an estate settles over the first tens of seconds after its routes are set up (the plain
-stream route, which no processor serves, was 0.3 to 0.9 ms slower in the earlier phases), so running all
-of one processor's phases first would charge that to it.
+the port: an estate settles over the first tens of seconds after its routes are set up (with all of
+stoa-proc's phases first, the plain stream route, which no processor serves, was up to 0.7 ms slower in
+them in seven runs of nine), so running one processor's phases first would charge that to it.
 """
 
 from __future__ import annotations
