@@ -15,7 +15,7 @@ The no-op processor takes stoa-proc's port while stoa-proc is stopped: nothing e
 alternate in an A-B-B-A order (stoa-proc, no-op, no-op, stoa-proc, …), each warmed up after it takes
 the port: an estate settles over the first tens of seconds after its routes are set up (with all of
 stoa-proc's phases first, the plain stream route, which no processor serves, was up to 0.7 ms slower in
-them in seven runs of nine), so running one processor's phases first would charge that to it.
+them in eight runs of nine), so running one processor's phases first would charge that to it.
 """
 
 from __future__ import annotations
