@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,10 +110,14 @@ def _finite(value: str) -> Any:
     raise ValueError(f"not a JSON number: {value}")
 
 
+# One decoder for every document: `json.loads` with hooks builds a decoder and its scanner per call.
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_finite)
+
+
 def parse_json(source: str) -> Any:
     """The JSON document, `\\u` escapes decoded; 400 for duplicate keys, NaN/Infinity or bad JSON."""
     try:
-        return json.loads(source, object_pairs_hook=_no_duplicates, parse_constant=_finite)
+        return _DECODER.decode(source)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and DuplicateKey are ValueErrors
         raise Deny(Reason.MALFORMED_BODY) from exc
 
@@ -132,16 +135,19 @@ def is_json(content_type: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-def strings(document: Any) -> Iterator[str]:
-    """Every string of a JSON document, object keys included, depth first."""
+def strings(document: Any) -> list[str]:
+    """Every string of a JSON document, object keys included, depth first (a list: a generator's
+    resumption per string costs more than the rest of the walk)."""
+    found: list[str] = []
     stack = [document]
     while stack:
         node = stack.pop()
         if isinstance(node, str):
-            yield node
+            found.append(node)
         elif isinstance(node, dict):
             for key, value in node.items():
-                yield key
+                found.append(key)
                 stack.append(value)
         elif isinstance(node, list):
             stack.extend(node)
+    return found

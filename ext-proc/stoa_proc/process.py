@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
-from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
     HttpHeaders,
@@ -47,8 +46,6 @@ from stoa_proc.reasons import Deny, Reason
 from stoa_proc.stream import SseGuard
 from stoa_proc.transform import Side, dump
 
-_STREAMED_RESPONSE = ProcessingMode(response_body_mode=ProcessingMode.STREAMED)
-
 log = logging.getLogger("stoa_proc.process")
 
 
@@ -57,6 +54,12 @@ _REQUEST_HEADERS = frozenset(
     ("x-request-id", "content-type", "content-encoding", "content-length", CONSUMER_HEADER)
 )
 _RESPONSE_HEADERS = frozenset(("content-type", "content-encoding"))
+# What a stream's request attributes give, by the field of the exchange they set.
+_ATTRIBUTES = (
+    ("request_id", processing.REQUEST_ID),
+    ("request_type", processing.CONTENT_TYPE),
+    ("request_encoding", processing.CONTENT_ENCODING),
+)
 
 
 def _headers(message: HttpHeaders, names: frozenset[str]) -> dict[str, str]:
@@ -71,7 +74,7 @@ def _headers(message: HttpHeaders, names: frozenset[str]) -> dict[str, str]:
     return found
 
 
-@dataclass
+@dataclass(slots=True)
 class Exchange:
     """The state of one HTTP exchange across its messages."""
 
@@ -151,15 +154,12 @@ class Exchange:
         """What a stream without the request-headers message knows of them (a headers message, when
         one follows, is read as well)."""
         fields = attributes.fields
-        for name, attribute in (
-            ("request_id", processing.REQUEST_ID),
-            ("request_type", processing.CONTENT_TYPE),
-            ("request_encoding", processing.CONTENT_ENCODING),
-        ):
-            if attribute in fields:
-                if fields[attribute].WhichOneof("kind") != "string_value":
+        for name, attribute in _ATTRIBUTES:
+            value = fields.get(attribute)
+            if value is not None:
+                if value.WhichOneof("kind") != "string_value":
                     raise Deny(Reason.INTERNAL_ERROR)  # not what the translator asked Envoy for
-                setattr(self, name, fields[attribute].string_value)
+                setattr(self, name, value.string_value)
         # Envoy always has a request id: its absence means the attributes did not come as configured.
         self.attributes_seen = bool(self.request_id)
 
@@ -226,16 +226,14 @@ class Exchange:
             if self.budget is not None and not encoded:
                 self.usage = StreamUsage()  # an encoded stream reports no readable usage
             self.streamed_response = True
-            return self._headers_answer(request=False, mode_override=_STREAMED_RESPONSE)
+            return self._headers_answer(request=False, streamed=True)
         return self._headers_answer(request=False)
 
-    def _headers_answer(
-        self, request: bool, mode_override: ProcessingMode | None = None
-    ) -> ProcessingResponse:
+    def _headers_answer(self, request: bool, streamed: bool = False) -> ProcessingResponse:
         side = self.side(request)
         if side is None or not side.headers:
-            return respond.proceed_headers(request, mode_override)
-        return respond.proceed_headers(request, mode_override, side.set_headers, side.remove_headers)
+            return respond.proceed_headers(request, streamed)
+        return respond.proceed_headers(request, streamed, side.set_headers, side.remove_headers)
 
     def limit(self, request: bool) -> int:
         guardrails = self.inspects(request)

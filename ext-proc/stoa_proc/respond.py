@@ -67,16 +67,23 @@ _PROCEED_BODY = {
     True: ProcessingResponse(request_body=BodyResponse()),
     False: ProcessingResponse(response_body=BodyResponse()),
 }
+# The response headers of a server-sent event stream: the body is then sent chunk by chunk.
+_STREAMED = ProcessingMode(response_body_mode=ProcessingMode.STREAMED)
+_PROCEED_STREAMED = ProcessingResponse(response_headers=HeadersResponse(), mode_override=_STREAMED)
 
 
 def proceed_headers(
     request: bool,
-    mode_override: ProcessingMode | None = None,
+    streamed: bool = False,
     set_headers: tuple[tuple[str, str], ...] = (),
     remove_headers: tuple[str, ...] = (),
 ) -> ProcessingResponse:
-    if mode_override is None and not (set_headers or remove_headers):
-        return _PROCEED_HEADERS[request]
+    """Continue with the headers (edited); `streamed`: the response body follows in streamed mode."""
+    if not (set_headers or remove_headers):
+        if streamed and not request:
+            return _PROCEED_STREAMED
+        if not streamed:
+            return _PROCEED_HEADERS[request]
     headers = HeadersResponse()
     if set_headers or remove_headers:
         headers.response.header_mutation.CopyFrom(
@@ -90,8 +97,8 @@ def proceed_headers(
         if request
         else ProcessingResponse(response_headers=headers)
     )
-    if mode_override is not None:
-        response.mode_override.CopyFrom(mode_override)
+    if streamed:
+        response.mode_override.CopyFrom(_STREAMED)
     return response
 
 
