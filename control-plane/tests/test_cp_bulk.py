@@ -81,6 +81,31 @@ async def test_a_large_import_leaves_the_tables_analyzed(cp_factory, monkeypatch
         await conn.close()
 
 
+async def test_a_large_import_is_kept_when_its_tables_cannot_be_analyzed(cp_factory, monkeypatch) -> None:
+    # The analysis is an afterthought of the committed import: another session holding the table
+    # (a manual VACUUM, an index build, another import's analysis) leaves it to autovacuum.
+    monkeypatch.setattr("stoa_cp.store.bulk.ANALYZE_ROWS", 10)
+    cp = await cp_factory()
+    holder = await asyncpg.connect(cp.dsn)
+    try:
+        async with cp.client() as api:
+            tenant_id = await api.new_tenant()
+            gateway_id, credential = await api.new_gateway()
+            ids = [fresh_id("h") for _ in range(10)]
+            deploy = [{"gateway_id": gateway_id, "api_ids": ids}]
+            body = {"apis": [api_body(a) for a in ids], "deploy": deploy}
+            transaction = holder.transaction()
+            await transaction.start()
+            await holder.execute("LOCK TABLE deployments IN SHARE UPDATE EXCLUSIVE MODE")
+            response = await api.answer("POST", f"/v1/tenants/{tenant_id}/bulk", json=body)
+            await transaction.rollback()
+            assert response.status_code == 200, response.text
+            inventory = await api.inventory(gateway_id, credential=credential)
+            assert sorted(r["route_id"] for r in inventory["routes"]) == sorted(ids)
+    finally:
+        await holder.close()
+
+
 async def test_a_refused_item_stores_nothing_and_is_named(api) -> None:
     tenant_id = await api.new_tenant()
     gateway_id, _ = await api.new_gateway()
@@ -226,3 +251,25 @@ async def test_policy_lists_are_bounded_and_the_refusal_names_the_list_and_its_l
         assert [p["policy_id"] for p in (await admin.answer("GET", "/v1/tenants/t/policies")).json()] == [
             "ok"
         ]
+
+
+async def test_a_write_past_its_lock_bound_is_a_503_and_stores_nothing(cp_factory) -> None:
+    # A table held by another session past the statement bound: the transaction's connection is
+    # closed (its state unknown) and the client gets the 503 with Retry-After, never a 500.
+    cp = await cp_factory(db_statement_timeout_s=0.5)
+    holder = await asyncpg.connect(cp.dsn)
+    try:
+        async with cp.client() as api:
+            tenant_id = await api.new_tenant()
+            api_id = fresh_id("l")
+            transaction = holder.transaction()
+            await transaction.start()
+            await holder.execute("LOCK TABLE apis IN ACCESS EXCLUSIVE MODE")
+            response = await api.answer("POST", f"/v1/tenants/{tenant_id}/apis", json=api_body(api_id))
+            await transaction.rollback()
+            assert response.status_code == 503, response.text
+            assert int(response.headers["retry-after"]) >= 1
+            listed = await api.answer("GET", f"/v1/tenants/{tenant_id}/apis")
+            assert api_id not in [a["api_id"] for a in listed.json()]
+    finally:
+        await holder.close()

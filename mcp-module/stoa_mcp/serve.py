@@ -110,7 +110,9 @@ async def serve(settings: Settings) -> None:
         stopper.cancel()
         with contextlib.suppress(asyncio.CancelledError, OSError, SystemExit):
             await asyncio.gather(*servers, ads_task, return_exceptions=True)
-        await http.close()
-        module.call_log.close()
-        if module.budgets is not None:
-            module.budgets.close()
+        try:
+            await http.close()
+        finally:
+            module.call_log.close()  # every line written, whatever the close of the API client did
+            if module.budgets is not None:
+                module.budgets.close()

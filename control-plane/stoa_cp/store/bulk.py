@@ -4,17 +4,23 @@ nothing."""
 
 from __future__ import annotations
 
+import logging
+
 import asyncpg
 
 from stoa_cp.problems import Problem, Taken
 from stoa_cp.schemas import BulkIn, BulkOut
 from stoa_cp.store import apis, tools
-from stoa_cp.store.database import Database
+from stoa_cp.store.database import Database, DatabaseUnavailable
 from stoa_cp.store.publication import bump, bury, lock_tenant, tenant_gateways, unbury
 from stoa_cp.store.tenant_objects import same
 
 # A bulk publication writing at least this many rows (APIs, deployments) analyzes the tables.
 ANALYZE_ROWS = 1000
+# How long the analysis waits for a table another session holds (a manual VACUUM, an index build).
+ANALYZE_LOCK_TIMEOUT = "500ms"
+
+log = logging.getLogger("stoa_cp.bulk")
 
 
 async def publish(db: Database, tenant_id: str, body: BulkIn, max_routes: int) -> BulkOut:
@@ -113,12 +119,7 @@ async def publish(db: Database, tenant_id: str, body: BulkIn, max_routes: int) -
         for gateway_id, route_ids in removed.items():
             await bury(conn, route_ids, {gateway_id: bumped[gateway_id]})
         written = [created, updated, *deployed.values(), *removed.values()]
-        if sum(map(len, written)) >= ANALYZE_ROWS:
-            # Statistics for what the import wrote, committed with it: a table filled this way has
-            # none until autovacuum comes by (a minute or more), and meanwhile the planner walks every
-            # deployment of the gateway to find a generation's changed routes (ms per change at
-            # 10,000 routes instead of a fraction of one).
-            await conn.execute("ANALYZE apis, deployments, tombstones, inventory_removals")
+        large = sum(map(len, written)) >= ANALYZE_ROWS
         named = {group.gateway_id for group in (*body.deploy, *body.undeploy)}
         generations = {
             row["gateway_id"]: int(row["generation"])
@@ -127,6 +128,8 @@ async def publish(db: Database, tenant_id: str, body: BulkIn, max_routes: int) -
                 sorted(named | changed),
             )
         }
+    if large:
+        await _analyze(db)
     return BulkOut(
         created=sorted(created),
         updated=sorted(updated),
@@ -161,3 +164,17 @@ async def _check_deployments(conn: asyncpg.Connection, tenant_id: str, body: Bul
         errors.extend(unknown_in_group)
     if errors:
         raise Problem(404, "Not found", errors)
+
+
+async def _analyze(db: Database) -> None:
+    """Statistics for what a large import wrote, after its commit and never at its expense. A table
+    filled this way has none until autovacuum comes by (a minute or more), and meanwhile the planner
+    walks every deployment of the gateway to find a generation's changed routes (ms per change at
+    10,000 routes instead of a fraction of one). A table held by another session is left to
+    autovacuum: the import is done and answered either way."""
+    try:
+        async with db.transaction() as conn:
+            await conn.execute(f"SET LOCAL lock_timeout = '{ANALYZE_LOCK_TIMEOUT}'")
+            await conn.execute("ANALYZE apis, deployments, tombstones, inventory_removals")
+    except (DatabaseUnavailable, asyncpg.PostgresError) as exc:
+        log.warning("bulk_analyze_skipped", extra={"fields": {"error": type(exc).__name__}})

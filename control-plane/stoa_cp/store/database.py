@@ -223,6 +223,9 @@ class Database:
         the request's client still waits for the answer. Every error answered from here on was raised
         before the COMMIT was sent, except CommitOutcomeUnknown."""
         conn = await self._acquire()
+        # Closed once at most: a closed connection goes back to the pool at once, and its proxy then
+        # refuses every call (a second close would turn the 503 into an InterfaceError).
+        discarded = False
         try:
             tx = conn.transaction(isolation=isolation, readonly=readonly)
             try:
@@ -230,7 +233,8 @@ class Database:
                 try:
                     yield conn
                 except BaseException as exc:
-                    if not self._discard_if_broken(conn, exc):
+                    discarded = self._discard_if_broken(conn, exc)
+                    if not discarded:
                         await tx.rollback()
                     raise
                 if not readonly and await request_body.client_gone():
@@ -238,7 +242,8 @@ class Database:
                     log.info("client gone before the commit: rolled back")
                     raise ClientGone()
             except UNAVAILABLE as exc:
-                self._discard_if_broken(conn, exc)
+                if not discarded:
+                    self._discard_if_broken(conn, exc)
                 raise DatabaseUnavailable(self.bounds, _describe(exc, "a statement")) from exc
             try:
                 await tx.commit()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from envoy.config.route.v3 import route_pb2
@@ -55,10 +55,23 @@ class Ladder:
             self.rig.estate.admin.wait_synced(self.rig.bulk_deploy(new), timeout=120)
             self.ids += new
 
-    def _serving(self, path: str, deadline_s: float = 30.0, start: float | None = None) -> float:
-        """s from `start` (now by default) to `path` answering 200 through Envoy."""
+    def _serving(
+        self,
+        path: str,
+        deadline_s: float = 30.0,
+        start: float | None = None,
+        beside: Future[Any] | None = None,
+    ) -> float:
+        """s from `start` (now by default) to `path` answering 200 through Envoy. `beside`: a wait
+        running meanwhile whose failure (a FAILED publication) ends this one at once, with its reason."""
         start = time.perf_counter() if start is None else start
-        wait_until(lambda: self.rig.answers(path), deadline_s, f"{path} answering 200", interval=POLL_S)
+
+        def answers() -> bool:
+            if beside is not None and beside.done() and (failed := beside.exception()) is not None:
+                raise GiveUp(f"{path}: {failed}") from failed
+            return self.rig.answers(path)
+
+        wait_until(answers, deadline_s, f"{path} answering 200", interval=POLL_S)
         return time.perf_counter() - start
 
     def new_routes(self, samples: int) -> list[float]:
@@ -118,7 +131,7 @@ class Ladder:
             # through Envoy, each turn's CP call delayed the request that sees the change serve.
             with ThreadPoolExecutor(1) as status_poll:
                 synced = status_poll.submit(self._synced_after, start)
-                serving_s = self._serving(f"{new_prefix}/x", 60, start)
+                serving_s = self._serving(f"{new_prefix}/x", 60, start, beside=synced)
                 synced_s, target = synced.result(timeout=60)
             synced_ms.append(synced_s * 1000)
             serving_ms.append(serving_s * 1000)
