@@ -172,10 +172,10 @@ class McpModule:
                 retry_after = await self.budgets.spend(caller, tool.name, *tool.budget)
             except BudgetUnavailable:
                 # Fail closed: a call that cannot be counted is not made.
-                self.calls["budget_unavailable"] += 1
+                self._refused("budget_unavailable", caller, tool.name, started)
                 return error_result("the tool's budget cannot be counted now; try again later")
             if retry_after is not None:
-                self.calls["budget_exhausted"] += 1
+                self._refused("budget_exhausted", caller, tool.name, started)
                 calls, window = tool.budget
                 limit = f"{calls} calls per {window} s"
                 return error_result(f"budget exhausted ({limit}); retry in {retry_after} s")
@@ -184,6 +184,11 @@ class McpModule:
         self.calls[outcome] += 1
         self.call_log.emit(outcome, caller.tenant_id, tool.name, (time.perf_counter() - started) * 1000)
         return result
+
+    def _refused(self, outcome: str, caller: Caller, tool: str, started: float) -> None:
+        """A call its budget refused: counted and logged like any other outcome."""
+        self.calls[outcome] += 1
+        self.call_log.emit(outcome, caller.tenant_id, tool, (time.perf_counter() - started) * 1000)
 
     # ---- HTTP ----------------------------------------------------------------------------------
 
