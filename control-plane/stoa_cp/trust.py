@@ -41,12 +41,7 @@ async def create(
 
 
 class Issuers(Objects[IssuerOut]):
-    """The issuers' operations for their router: creating one fetches its keys first (the same
-    issuer with the same source of keys is answered as it is)."""
-
-    @property
-    def repeatable(self) -> bool:
-        return True
+    """The issuers' operations for their router: creating one fetches its keys first."""
 
     async def create(
         self, db: Database, services: Services, owner_id: str, body: IssuerIn

@@ -203,13 +203,9 @@ def _compile(
         before = [b for c in recent if (b := c.buckets.get(bucket.name)) is not None]
         hit = next((b for b in before if b.version == bucket.version), None)
         if hit is not None and all(issuers.get(t, _NO_ISSUERS) is m for t, m in hit.issuers.items()):
-            held = len(routes)
+            if not routes.keys().isdisjoint(hit.routes):
+                raise PolicyError(f"route {min(routes.keys() & hit.routes.keys())!r}: listed twice")
             routes.update(hit.routes)
-            if len(routes) != held + len(hit.routes):
-                earlier = [r.route_id for r in message.routes] + [
-                    i for b in done.buckets.values() for i in b.routes
-                ]
-                raise PolicyError(f"route {min(hit.routes.keys() & set(earlier))!r}: listed twice")
             done.buckets[bucket.name] = hit
             continue
         own: dict[str, Route] = {}

@@ -266,6 +266,9 @@ def test_a_response_is_taken_as_its_default_and_its_buckets(idp, policy):
     assert set(ads.decode(response(unnamed)).routes) == {"orders", "open"}
     # Resources sent again byte for byte (their decoding is reused) give the same set; an edited
     # one is decoded anew.
+    first = ads._unpacked(response(default, *buckets))
+    again = ads._unpacked(response(default, *buckets))
+    assert all(a is b for a, b in zip(first, again, strict=True))
     assert ads.decode(response(default, *buckets)).version == ads.decode(response(default, *buckets)).version
     edited = authz_pb2.AuthzPolicySet()
     edited.CopyFrom(buckets[1])

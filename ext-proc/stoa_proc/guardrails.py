@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,14 +105,14 @@ class Guardrails:
     # strings of a document (None when a pattern's anchors could make it miss what one string holds).
     screen: Any = None
 
-    def check_texts(self, values: Iterable[str]) -> None:
+    def check_texts(self, values: Sequence[str]) -> None:
         """`check_text` on each value. Most documents hold nothing to find: one search of the screen
         over all of them, joined by line breaks, rules that out; only a hit checks each string.
 
         Sound: what a pattern finds in one string it finds in the joined text (`^` and `$` match at
         each line there, a line break is no word character for `\b`); the screen may find more
         (across strings), which only costs the exact check."""
-        strings = list(values)
+        strings = values
         # One normalisation of the joined text is that of each string: a line break composes with
         # nothing, and case folding goes character by character.
         if self.screen is not None and not self.screen.search(normalise("\n".join(strings))):

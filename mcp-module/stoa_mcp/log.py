@@ -10,7 +10,6 @@ write syscall per call cost ~0.15 ms of CPU per call at one connection, against 
 
 from __future__ import annotations
 
-import json
 import time
 
 from stoa_ops import logs
@@ -22,9 +21,9 @@ class CallLog(logs.BufferedLines):
     def emit(self, outcome: str, tenant: str, tool: str | None = None, ms: float | None = None) -> None:
         """`outcome` is a closed set of snake_case names (no escaping); `tool` is left out for a call
         of a tool the caller may not see, so the log does not tell which names were tried."""
-        fields = f'"outcome":"{outcome}","tenant":{json.dumps(tenant)}'
+        fields = f'"outcome":"{outcome}","tenant":{logs.quoted(tenant)}'
         if tool is not None:
-            fields += f',"tool":{json.dumps(tool)}'
+            fields += f',"tool":{logs.quoted(tool)}'
         if ms is not None:
             fields += f',"ms":{ms:.2f}'
         self.append(f"{logs.head(time.time(), 'info', CALL_LOGGER, 'tool_call')}{fields}}}\n")

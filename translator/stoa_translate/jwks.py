@@ -144,6 +144,19 @@ def accept(document: object, *, needs_a_key: bool) -> dict[str, Any]:
     return document
 
 
+def key_ids(jwks_json: str) -> tuple[str, ...]:
+    """The key ids of an inline key set, sorted; () when a key names none (or the set is unreadable):
+    a token may then be verified by a key no id tells apart."""
+    try:
+        keys = json.loads(jwks_json).get("keys", []) if jwks_json else []
+    except (ValueError, AttributeError):
+        return ()
+    ids = [key.get("kid") if isinstance(key, dict) else None for key in keys]
+    if not ids or not all(isinstance(kid, str) and kid for kid in ids):
+        return ()
+    return tuple(sorted(set(ids)))  # type: ignore[arg-type]
+
+
 def signing_key(pem: bytes) -> OKPKey:
     """The Ed25519 private key of an unencrypted PEM file; ValueError saying what else it is."""
     try:

@@ -11,7 +11,7 @@ import asyncpg
 from stoa_cp.problems import Problem, Taken
 from stoa_cp.schemas import BulkIn, BulkOut
 from stoa_cp.store import apis, tools
-from stoa_cp.store.database import Database, DatabaseUnavailable
+from stoa_cp.store.database import ClientGone, Database, DatabaseUnavailable
 from stoa_cp.store.publication import bump, bury, lock_tenant, tenant_gateways, unbury
 from stoa_cp.store.tenant_objects import same
 
@@ -118,8 +118,6 @@ async def publish(db: Database, tenant_id: str, body: BulkIn, max_routes: int) -
         bumped = await bump(conn, changed)
         for gateway_id, route_ids in removed.items():
             await bury(conn, route_ids, {gateway_id: bumped[gateway_id]})
-        written = [created, updated, *deployed.values(), *removed.values()]
-        large = sum(map(len, written)) >= ANALYZE_ROWS
         named = {group.gateway_id for group in (*body.deploy, *body.undeploy)}
         generations = {
             row["gateway_id"]: int(row["generation"])
@@ -128,7 +126,7 @@ async def publish(db: Database, tenant_id: str, body: BulkIn, max_routes: int) -
                 sorted(named | changed),
             )
         }
-    if large:
+    if sum(map(len, (created, updated, *deployed.values(), *removed.values()))) >= ANALYZE_ROWS:
         await _analyze(db)
     return BulkOut(
         created=sorted(created),
@@ -176,5 +174,5 @@ async def _analyze(db: Database) -> None:
         async with db.transaction() as conn:
             await conn.execute(f"SET LOCAL lock_timeout = '{ANALYZE_LOCK_TIMEOUT}'")
             await conn.execute("ANALYZE apis, deployments, tombstones, inventory_removals")
-    except (DatabaseUnavailable, asyncpg.PostgresError) as exc:
+    except (DatabaseUnavailable, ClientGone, asyncpg.PostgresError) as exc:
         log.warning("bulk_analyze_skipped", extra={"fields": {"error": type(exc).__name__}})

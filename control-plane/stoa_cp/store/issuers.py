@@ -25,6 +25,7 @@ KIND = Kind(
     model=IssuerOut,
     out=IssuerOut.of,
     order="issuer",
+    repeatable=True,  # the same issuer with the same source of keys is answered as it is
 )
 
 

@@ -18,11 +18,12 @@ Without the site's audience no route is decided by Envoy: the service then denie
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from envoy.config.route.v3 import route_components_pb2
+
+from stoa_translate import jwks
 
 if TYPE_CHECKING:
     from stoa_translate.ir import IssuerIR, RouteIR, SiteIR
@@ -75,21 +76,10 @@ def place(route: RouteIR, verifiable: frozenset[str], options: TranslateOptions)
 Trust = tuple[tuple[str, tuple[str, ...]], ...]
 
 
-def _key_ids(jwks_json: str) -> tuple[str, ...]:
-    try:
-        keys = json.loads(jwks_json).get("keys", []) if jwks_json else []
-    except (ValueError, AttributeError):
-        return ()
-    ids = [key.get("kid") if isinstance(key, dict) else None for key in keys]
-    if not ids or not all(isinstance(kid, str) and kid for kid in ids):
-        return ()
-    return tuple(sorted(set(ids)))  # type: ignore[arg-type]
-
-
 def trust_by_tenant(issuers: Iterable[IssuerIR]) -> dict[str, Trust]:
     found: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
     for issuer in issuers:
-        found.setdefault(issuer.tenant_id, []).append((issuer.issuer, _key_ids(issuer.jwks_json)))
+        found.setdefault(issuer.tenant_id, []).append((issuer.issuer, jwks.key_ids(issuer.jwks_json)))
     return {tenant: tuple(sorted(entries)) for tenant, entries in found.items()}
 
 
