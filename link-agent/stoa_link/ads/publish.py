@@ -182,7 +182,7 @@ class Publisher:
             SCOPED_ROUTE: streams.serve(
                 SCOPED_ROUTE, version, snapshot.of(SCOPED_ROUTE), bodies, snapshot.edits.get(SCOPED_ROUTE)
             ),
-            ROUTE: streams.serve(ROUTE, version, snapshot.of(ROUTE), bodies),
+            ROUTE: streams.serve(ROUTE, version, snapshot.of(ROUTE), bodies, on_request=snapshot.on_request),
         }
         timings["envoy_serve_ms"] = elapsed_ms(mark)
         failure = await self._wait_acked(targets, readers, version)

@@ -120,6 +120,8 @@ class Served:
     since: int | None = None
     changed: frozenset[str] = frozenset()
     removed: frozenset[str] = frozenset()
+    # Delta xDS: names a client need not hold unless it asks for them (`Snapshot.on_request`).
+    on_request: frozenset[str] = frozenset()
 
     @functools.cached_property
     def packed(self) -> tuple[any_pb2.Any, ...]:
@@ -224,6 +226,7 @@ class Streams:
         resources: tuple[Message, ...],
         bodies: Mapping[int, bytes] | None = None,
         edit: tuple[tuple[Message, ...], tuple[Message, ...], tuple[Message, ...]] | None = None,
+        on_request: frozenset[str] = frozenset(),
     ) -> str:
         """Serve `resources` as `version` from now on; the digest of their content.
 
@@ -270,6 +273,7 @@ class Streams:
                 previous.serial,
                 frozenset(changed),
                 frozenset(removed),
+                on_request,
             )
         else:
             entries, total, self._packed[type_url] = _pack(type_url, resources, bodies, memo)
@@ -282,7 +286,15 @@ class Streams:
                 if name not in lineage or lineage[name][0] != hit[3]:
                     lineage[name] = (hit[3], version)
             versions = {name: lineage[name][1] for name in entries}
-            served = Served(version, resources, entries, _digest(total), versions, next(self._serials))
+            served = Served(
+                version,
+                resources,
+                entries,
+                _digest(total),
+                versions,
+                next(self._serials),
+                on_request=on_request,
+            )
         self._totals[type_url] = total
         self._served[type_url] = served
         for stream in list(self._streams.values()):
@@ -388,7 +400,7 @@ class Streams:
                         continue
                     state = stream.state(type_url)
                     served = self._served[type_url]
-                    if not state.subscribed and not served.resources:
+                    if not state.subscribed and all(name in served.on_request for name in served.entries):
                         continue  # nothing to hold of a type the client does not ask for (scopes)
                     if state.sent_digest == want and state.nack_detail is not None:
                         return Progress((type_url, state.nack_detail), [], [])
@@ -402,8 +414,13 @@ class Streams:
     def _holds(state: _TypeState, served: Served) -> bool:
         """A delta client asking by name (Envoy's route tables, named by its listener or its scopes)
         holds every served resource at its version: it asks for a new table only once it has the scope
-        naming it, so an ACK alone does not say the table arrived."""
-        return all(state.known.get(name) == version for name, version in served.versions.items())
+        naming it, so an ACK alone does not say the table arrived. A table served for older listeners
+        only is held when asked for."""
+        return all(
+            state.known.get(name) == version
+            for name, version in served.versions.items()
+            if name not in served.on_request or name in state.names
+        )
 
     def ack_times(self, targets: Iterable[str], readers: Iterable[str], since: float) -> dict[str, float]:
         """Per type pushed after `since` (monotonic), the slowest stream's push-to-ACK time (ms)."""
