@@ -263,18 +263,7 @@ class Streams:
                 versions[hit[2]] = lineage[hit[2]][1]
             for name in removed:
                 lineage.pop(name, None)
-            served = Served(
-                version,
-                resources,
-                entries,
-                _digest(total),
-                versions,
-                next(self._serials),
-                previous.serial,
-                frozenset(changed),
-                frozenset(removed),
-                on_request,
-            )
+            since: int | None = previous.serial
         else:
             entries, total, self._packed[type_url] = _pack(type_url, resources, bodies, memo)
             # A resource's delta version is the version it was first served under with its content,
@@ -286,15 +275,20 @@ class Streams:
                 if name not in lineage or lineage[name][0] != hit[3]:
                     lineage[name] = (hit[3], version)
             versions = {name: lineage[name][1] for name in entries}
-            served = Served(
-                version,
-                resources,
-                entries,
-                _digest(total),
-                versions,
-                next(self._serials),
-                on_request=on_request,
-            )
+            since, changed, removed = None, set(), set()
+        serial = next(self._serials)
+        served = Served(
+            version,
+            resources,
+            entries,
+            _digest(total),
+            versions,
+            serial,
+            since,
+            frozenset(changed),
+            frozenset(removed),
+            on_request,
+        )
         self._totals[type_url] = total
         self._served[type_url] = served
         for stream in list(self._streams.values()):
