@@ -1,5 +1,6 @@
-"""The ADS client against an in-process ADS server (plain gRPC): subscribe, ACK, NACK with the
-previous set kept, version pinning while the next set rolls out, and resubscribe after a restart."""
+"""The ADS client over state of the world against an in-process ADS server (plain gRPC): subscribe,
+ACK, NACK with the previous set kept, version pinning while the next set rolls out, and resubscribe
+after a restart (delta xDS: `ops/tests/test_ops_policy_sets.py` and the Link's ADS tests)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ async def next_request(fake: FakeAds):
 async def subscription(port: int) -> AsyncIterator[PolicyStore]:
     """A subscription to the server on `port`, running until the block ends."""
     store = PolicyStore()
-    task = asyncio.ensure_future(subscribe(f"127.0.0.1:{port}", store).run())
+    task = asyncio.ensure_future(subscribe(f"127.0.0.1:{port}", store, delta=False).run())
     try:
         yield store
     finally:
