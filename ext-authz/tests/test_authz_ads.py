@@ -132,6 +132,24 @@ async def test_ack_nack_and_pinning(ads, idp, policy, req):
     assert decider.decide(req(headers, version="0123456789abcdef")).denied_response.status.code == 503
 
 
+async def test_a_server_without_delta_xds_is_subscribed_to_over_state_of_the_world(idp, policy) -> None:
+    server, fake, port = await start_server()  # state of the world only: delta is UNIMPLEMENTED
+    store = PolicyStore()
+    task = asyncio.ensure_future(subscribe(f"127.0.0.1:{port}", store).run())
+    try:
+        first = await next_request(fake)
+        assert (first.type_url, first.response_nonce) == (TYPE_URL, "")
+        await fake.outgoing.put(response(policy(idp, "v1"), "snap-1", "n1"))
+        ack = await next_request(fake)
+        assert (ack.response_nonce, ack.version_info, ack.HasField("error_detail")) == ("n1", "snap-1", False)
+        assert store.versions()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await server.stop(grace=0)
+
+
 async def test_empty_or_foreign_response_is_nacked(ads, idp, policy):
     fake, store = ads
     await next_request(fake)

@@ -185,7 +185,8 @@ class PolicySubscription:
     """One ADS stream from `service` (its node id and cluster) to `address`, subscribed to every
     resource of each type URL of `resources` and answering each response like Envoy: ACK once its
     handler used the complete set, NACK (with the reason; what is in force named) when it refused it.
-    `delta`: incremental xDS (DeltaAggregatedResources), else state of the world."""
+    `delta`: incremental xDS (DeltaAggregatedResources; state of the world once a server answers it
+    UNIMPLEMENTED), else state of the world."""
 
     def __init__(
         self,
@@ -240,6 +241,11 @@ class PolicySubscription:
                 self._log.warning(
                     "ads_stream_ended", extra={"code": exc.code().name, "detail": exc.details()}
                 )
+                if self._delta and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    # A Link from before delta xDS for the site services: state of the world from now on
+                    # (each response then carries the complete set; what is in force stays).
+                    self._log.warning("ads_delta_unimplemented_using_state_of_the_world")
+                    self._delta = False
             except Exception:
                 self._log.exception("ads_stream_failed")
             await asyncio.sleep(backoff.next_delay())
