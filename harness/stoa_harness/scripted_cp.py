@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
+from stoa_cp.auth import bearer
 from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
 from stoa_proto.inventory_delta import diff
 
@@ -150,9 +151,9 @@ class ScriptedCP(ServedByThread):
             return
         gateway_id, endpoint = parts[2], parts[3]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        # The scheme is part of the contract: a bare credential is refused like a wrong one.
-        authorization = headers.get("authorization", "")
-        if not hmac.compare_digest(authorization.encode(), f"Bearer {self.credential}".encode()):
+        # The CP's own reading of the header: a bare credential is refused like a wrong one.
+        credential = bearer(headers.get("authorization"))
+        if not credential or not hmac.compare_digest(credential.encode(), self.credential.encode()):
             await _reply(send, 401, {"title": "Unauthorized"})
             return
         if gateway_id != self.gateway_id:
