@@ -38,9 +38,9 @@ from stoa_proto import proc_pb2, processing
 from stoa_proto.processing import ROUTE_METADATA, VERSION_METADATA
 from stoa_translate.policies import accept
 
-from stoa_harness.bench.check_cpu import OneSetAds
 from stoa_harness.bench.processing import GUARDRAILS, kib_body
 from stoa_harness.bench.rig import cpu_seconds
+from stoa_harness.one_set_ads import OneSetAds
 from stoa_harness.ports import free_port
 from stoa_harness.processes import stop_group, tcp_accepting
 from stoa_harness.wait import wait_until_async

@@ -75,6 +75,9 @@ class _TypeState:
     # name (its initial versions, then what was sent to it).
     wildcard: bool = False
     known: dict[str, str] = field(default_factory=dict)
+    # The names pushes removed since the client last acknowledged one: it still holds them if it
+    # refuses the push (a refused response changes nothing it holds).
+    dropped: set[str] = field(default_factory=set)
     # The serial of the Served this stream's `known` was last brought level with (by a push or a
     # finding that nothing differs); None once a request changed what it asks for or holds.
     level_with: int | None = None
@@ -356,6 +359,7 @@ class Streams:
         nonce = self._stamp(state)
         for name in removed:
             del state.known[name]
+        state.dropped.update(removed)
         response = discovery_pb2.DeltaDiscoveryResponse(
             system_version_info=served.version, type_url=type_url, nonce=nonce, removed_resources=removed
         )
@@ -526,15 +530,19 @@ class Streams:
             self.record("refuse", stream.identity, type_url, detail="type not allowed for this identity")
             return f"{stream.identity} may not read {type_url}"
         state = stream.state(type_url)
-        if (
-            request.response_nonce
-            and request.response_nonce == state.sent_nonce
-            and not self._take_answer(stream, state, request)
+        if request.response_nonce and (
+            not self._take_answer(stream, state, request)
+            if request.response_nonce == state.sent_nonce
+            else request.HasField("error_detail")  # an older push refused: what it sent is not held
         ):
-            # What the client holds is unsure now: the next push sends every resource again
-            # (the names are kept, so a resource no longer served is still removed).
-            state.known = dict.fromkeys(state.known, "")
+            # What the client holds is unsure now: the next push sends every resource again, and
+            # removes every name it may hold that is no longer served (those the refused pushes
+            # removed among them).
+            state.known = dict.fromkeys(state.known.keys() | state.dropped, "")
+            state.dropped.clear()
             state.level_with = None
+        elif request.response_nonce == state.sent_nonce:
+            state.dropped.clear()
         subscribe = set(request.resource_names_subscribe)
         unsubscribe = set(request.resource_names_unsubscribe)
         first = not state.subscribed
