@@ -27,7 +27,7 @@ from stoa_link import certs
 from stoa_link.ads import AdsServer, TlsMaterial, peer_identity
 from stoa_link.ads.stream import Streams
 from stoa_link.health import readiness, routing
-from stoa_ops.policy_sets import PolicySubscription, channel_credentials
+from stoa_ops.policy_sets import PolicySubscription, assembled, channel_credentials
 from stoa_proto import authz_pb2, inventory_pb2
 from stoa_translate import TranslateOptions, Translator
 from stoa_translate.policy_set import route_bucket, set_version
@@ -661,6 +661,67 @@ async def test_after_a_refused_push_the_names_it_removed_are_still_removed_later
             ["default", "routes-003"],
             ["routes-001", "routes-002"],
         )
+    finally:
+        requests.put_nowait(None)
+        await asyncio.wait_for(task, 5)
+
+
+async def test_a_refusal_of_an_older_push_sends_everything_again() -> None:
+    """A push goes out before the client answered the one before it; the client refuses the older
+    one and takes the newer, a change on top of what it refused. The server counts the refusal,
+    sends everything again, and only the client's answer to that counts as holding the set."""
+    streams = Streams({AUTHZ: frozenset({AUTHZ_POLICY_SET})})
+    requests: asyncio.Queue[discovery_pb2.DeltaDiscoveryRequest | None] = asyncio.Queue()
+
+    async def incoming() -> AsyncIterator[discovery_pb2.DeltaDiscoveryRequest]:
+        while (request := await requests.get()) is not None:
+            yield request
+
+    context = _StreamContext()
+    task = asyncio.ensure_future(streams.run(AUTHZ, incoming(), context, delta=True))  # type: ignore[arg-type]
+    held: dict[str, Any] = {}
+
+    def serve(version: str, *names: str) -> str:
+        resources = tuple(authz_pb2.AuthzPolicySet(name=n, version=n) for n in names)
+        return streams.serve(AUTHZ_POLICY_SET, version, resources)
+
+    def answer(response: discovery_pb2.DeltaDiscoveryResponse, refuse: bool = False) -> None:
+        nonlocal held
+        if not refuse:
+            held, _ = assembled(held, response)
+        error = status_pb2.Status(code=3, message="refused") if refuse else None
+        requests.put_nowait(
+            discovery_pb2.DeltaDiscoveryRequest(
+                type_url=AUTHZ_POLICY_SET, response_nonce=response.nonce, error_detail=error
+            )
+        )
+
+    async def sent() -> discovery_pb2.DeltaDiscoveryResponse:
+        return await asyncio.wait_for(context.sent.get(), 5)
+
+    try:
+        requests.put_nowait(discovery_pb2.DeltaDiscoveryRequest(type_url=AUTHZ_POLICY_SET))
+        await wait_until_async(lambda: streams.connected(AUTHZ) > 0, 5, "the stream")
+        serve("v1", "default", "routes-001", "routes-002")
+        answer(await sent())
+        await wait_until_async(lambda: held.keys() == {"default", "routes-001", "routes-002"}, 5, "v1 held")
+        serve("v2", "default", "routes-002")  # routes-001 removed
+        v2 = await sent()
+        digest = serve("v3", "default", "routes-002", "routes-003")  # before v2 is answered
+        v3 = await sent()
+        assert [r.name for r in v3.resources] == ["routes-003"]  # a change on top of v2
+        answer(v2, refuse=True)
+        answer(v3)
+        again = await sent()
+        assert streams.nacks[AUTHZ_POLICY_SET] == 1
+        assert streams.progress({AUTHZ_POLICY_SET: digest}, [AUTHZ]).pending  # v3's ACK does not count
+        assert sorted(r.name for r in again.resources) == ["default", "routes-002", "routes-003"]
+        assert list(again.removed_resources) == ["routes-001"]
+        answer(again)
+        await wait_until_async(
+            lambda: not streams.progress({AUTHZ_POLICY_SET: digest}, [AUTHZ]).pending, 5, "the set held"
+        )
+        assert held.keys() == {"default", "routes-002", "routes-003"}
     finally:
         requests.put_nowait(None)
         await asyncio.wait_for(task, 5)

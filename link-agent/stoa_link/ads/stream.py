@@ -530,10 +530,18 @@ class Streams:
             self.record("refuse", stream.identity, type_url, detail="type not allowed for this identity")
             return f"{stream.identity} may not read {type_url}"
         state = stream.state(type_url)
+        # An older push refused: what it sent is not held, and the pushes since were changes on it.
+        stale_refusal = (
+            bool(request.response_nonce)
+            and request.response_nonce != state.sent_nonce
+            and request.HasField("error_detail")
+        )
+        if stale_refusal:
+            self._count_refusal(stream, type_url, request, "")
         if request.response_nonce and (
             not self._take_answer(stream, state, request)
             if request.response_nonce == state.sent_nonce
-            else request.HasField("error_detail")  # an older push refused: what it sent is not held
+            else stale_refusal
         ):
             # What the client holds is unsure now: the next push sends every resource again, and
             # removes every name it may hold that is no longer served (those the refused pushes
@@ -568,6 +576,10 @@ class Streams:
             )
             if type_url in self._served:
                 self._send_delta(stream, type_url)
+        elif stale_refusal and type_url in self._served:
+            # The push in flight would leave the client short of what it refused: everything again (an
+            # ACK of the one in flight no longer counts, its nonce is not the latest).
+            self._send_delta(stream, type_url)
         self._notify()
         return None
 
@@ -604,6 +616,19 @@ class Streams:
         self._notify()
         return None
 
+    def _count_refusal(
+        self,
+        stream: _Stream,
+        type_url: str,
+        request: discovery_pb2.DiscoveryRequest | discovery_pb2.DeltaDiscoveryRequest,
+        version: str,
+    ) -> str:
+        """Counts and records a client's refusal of a push (`version`: the push's, when known); its detail."""
+        detail = request.error_detail.message or f"NACK (code {request.error_detail.code})"
+        self.nacks[type_url] += 1
+        self.record("nack", stream.identity, type_url, version, request.response_nonce, detail=detail)
+        return detail
+
     def _take_answer(
         self,
         stream: _Stream,
@@ -614,16 +639,7 @@ class Streams:
         its detail, or an ACK; True for an ACK."""
         type_url = request.type_url
         if request.HasField("error_detail"):
-            state.nack_detail = request.error_detail.message or f"NACK (code {request.error_detail.code})"
-            self.nacks[type_url] += 1
-            self.record(
-                "nack",
-                stream.identity,
-                type_url,
-                state.sent_version or "",
-                request.response_nonce,
-                detail=state.nack_detail,
-            )
+            state.nack_detail = self._count_refusal(stream, type_url, request, state.sent_version or "")
             return False
         state.acked_nonce = request.response_nonce
         state.acked_at = time.monotonic()
