@@ -619,51 +619,67 @@ class _StreamContext:
         raise AssertionError(f"{code}: {message}")
 
 
-async def test_after_a_refused_push_the_names_it_removed_are_still_removed_later() -> None:
-    streams = Streams({AUTHZ: frozenset({AUTHZ_POLICY_SET})})
-    requests: asyncio.Queue[discovery_pb2.DeltaDiscoveryRequest | None] = asyncio.Queue()
+class _DeltaClient:
+    """An in-process delta stream of stoa-authz's identity: what the server sends it, its answers."""
 
-    async def incoming() -> AsyncIterator[discovery_pb2.DeltaDiscoveryRequest]:
-        while (request := await requests.get()) is not None:
-            yield request
+    def __init__(self, streams: Streams) -> None:
+        self.streams = streams
+        self._requests: asyncio.Queue[discovery_pb2.DeltaDiscoveryRequest | None] = asyncio.Queue()
+        self._context = _StreamContext()
+        self._task: asyncio.Future[None] | None = None
 
-    context = _StreamContext()
-    task = asyncio.ensure_future(streams.run(AUTHZ, incoming(), context, delta=True))  # type: ignore[arg-type]
+    async def __aenter__(self) -> _DeltaClient:
+        async def incoming() -> AsyncIterator[discovery_pb2.DeltaDiscoveryRequest]:
+            while (request := await self._requests.get()) is not None:
+                yield request
 
-    def serve(version: str, *names: str) -> None:
-        streams.serve(
-            AUTHZ_POLICY_SET, version, tuple(authz_pb2.AuthzPolicySet(name=n, version=version) for n in names)
+        self._task = asyncio.ensure_future(
+            self.streams.run(AUTHZ, incoming(), self._context, delta=True)  # type: ignore[arg-type]
         )
+        self._requests.put_nowait(discovery_pb2.DeltaDiscoveryRequest(type_url=AUTHZ_POLICY_SET))
+        await wait_until_async(lambda: self.streams.connected(AUTHZ) > 0, 5, "the stream")
+        return self
 
-    async def answer(refuse: bool = False) -> discovery_pb2.DeltaDiscoveryResponse:
-        response = await asyncio.wait_for(context.sent.get(), 5)
+    async def __aexit__(self, *exc: object) -> None:
+        self._requests.put_nowait(None)
+        assert self._task is not None
+        await asyncio.wait_for(self._task, 5)
+
+    def serve(self, version: str, *names: str, content: str = "") -> str:
+        """Serve resources `names`, each of content `content` (its version field); the digest."""
+        resources = tuple(authz_pb2.AuthzPolicySet(name=n, version=content or version) for n in names)
+        return self.streams.serve(AUTHZ_POLICY_SET, version, resources)
+
+    async def sent(self) -> discovery_pb2.DeltaDiscoveryResponse:
+        return await asyncio.wait_for(self._context.sent.get(), 5)
+
+    def answer(self, response: discovery_pb2.DeltaDiscoveryResponse, refuse: bool = False) -> None:
         error = status_pb2.Status(code=3, message="refused") if refuse else None
-        requests.put_nowait(
+        self._requests.put_nowait(
             discovery_pb2.DeltaDiscoveryRequest(
                 type_url=AUTHZ_POLICY_SET, response_nonce=response.nonce, error_detail=error
             )
         )
-        return response
 
-    try:
-        requests.put_nowait(discovery_pb2.DeltaDiscoveryRequest(type_url=AUTHZ_POLICY_SET))
-        await wait_until_async(lambda: streams.connected(AUTHZ) > 0, 5, "the stream")
-        serve("v1", "default", "routes-001", "routes-002")
-        await answer()
-        serve("v2", "default", "routes-002")  # routes-001 removed, and refused
-        assert list((await answer(refuse=True)).removed_resources) == ["routes-001"]
+
+async def test_after_a_refused_push_the_names_it_removed_are_still_removed_later() -> None:
+    streams = Streams({AUTHZ: frozenset({AUTHZ_POLICY_SET})})
+    async with _DeltaClient(streams) as client:
+        client.serve("v1", "default", "routes-001", "routes-002")
+        client.answer(await client.sent())
+        client.serve("v2", "default", "routes-002")  # routes-001 removed, and refused
+        refused = await client.sent()
+        assert list(refused.removed_resources) == ["routes-001"]
+        client.answer(refused, refuse=True)
         await wait_until_async(lambda: streams.nacks[AUTHZ_POLICY_SET] == 1, 5, "the NACK")
         # Not a restore: another set still without routes-001. The client holds it yet: removed now,
         # and everything it holds is unsure, so sent again.
-        serve("v3", "default", "routes-003")
-        after = await answer()
+        client.serve("v3", "default", "routes-003")
+        after = await client.sent()
         assert (sorted(r.name for r in after.resources), list(after.removed_resources)) == (
             ["default", "routes-003"],
             ["routes-001", "routes-002"],
         )
-    finally:
-        requests.put_nowait(None)
-        await asyncio.wait_for(task, 5)
 
 
 async def test_a_refusal_of_an_older_push_sends_everything_again() -> None:
@@ -671,57 +687,31 @@ async def test_a_refusal_of_an_older_push_sends_everything_again() -> None:
     one and takes the newer, a change on top of what it refused. The server counts the refusal,
     sends everything again, and only the client's answer to that counts as holding the set."""
     streams = Streams({AUTHZ: frozenset({AUTHZ_POLICY_SET})})
-    requests: asyncio.Queue[discovery_pb2.DeltaDiscoveryRequest | None] = asyncio.Queue()
-
-    async def incoming() -> AsyncIterator[discovery_pb2.DeltaDiscoveryRequest]:
-        while (request := await requests.get()) is not None:
-            yield request
-
-    context = _StreamContext()
-    task = asyncio.ensure_future(streams.run(AUTHZ, incoming(), context, delta=True))  # type: ignore[arg-type]
     held: dict[str, Any] = {}
+    async with _DeltaClient(streams) as client:
 
-    def serve(version: str, *names: str) -> str:
-        resources = tuple(authz_pb2.AuthzPolicySet(name=n, version=n) for n in names)
-        return streams.serve(AUTHZ_POLICY_SET, version, resources)
-
-    def answer(response: discovery_pb2.DeltaDiscoveryResponse, refuse: bool = False) -> None:
-        nonlocal held
-        if not refuse:
+        def take(response: discovery_pb2.DeltaDiscoveryResponse) -> None:
+            nonlocal held
             held, _ = assembled(held, response)
-        error = status_pb2.Status(code=3, message="refused") if refuse else None
-        requests.put_nowait(
-            discovery_pb2.DeltaDiscoveryRequest(
-                type_url=AUTHZ_POLICY_SET, response_nonce=response.nonce, error_detail=error
-            )
-        )
+            client.answer(response)
 
-    async def sent() -> discovery_pb2.DeltaDiscoveryResponse:
-        return await asyncio.wait_for(context.sent.get(), 5)
-
-    try:
-        requests.put_nowait(discovery_pb2.DeltaDiscoveryRequest(type_url=AUTHZ_POLICY_SET))
-        await wait_until_async(lambda: streams.connected(AUTHZ) > 0, 5, "the stream")
-        serve("v1", "default", "routes-001", "routes-002")
-        answer(await sent())
+        client.serve("v1", "default", "routes-001", "routes-002", content="c")
+        take(await client.sent())
         await wait_until_async(lambda: held.keys() == {"default", "routes-001", "routes-002"}, 5, "v1 held")
-        serve("v2", "default", "routes-002")  # routes-001 removed
-        v2 = await sent()
-        digest = serve("v3", "default", "routes-002", "routes-003")  # before v2 is answered
-        v3 = await sent()
+        client.serve("v2", "default", "routes-002", content="c")  # routes-001 removed
+        v2 = await client.sent()
+        digest = client.serve("v3", "default", "routes-002", "routes-003", content="c")  # v2 unanswered
+        v3 = await client.sent()
         assert [r.name for r in v3.resources] == ["routes-003"]  # a change on top of v2
-        answer(v2, refuse=True)
-        answer(v3)
-        again = await sent()
+        client.answer(v2, refuse=True)
+        take(v3)
+        again = await client.sent()
         assert streams.nacks[AUTHZ_POLICY_SET] == 1
         assert streams.progress({AUTHZ_POLICY_SET: digest}, [AUTHZ]).pending  # v3's ACK does not count
         assert sorted(r.name for r in again.resources) == ["default", "routes-002", "routes-003"]
         assert list(again.removed_resources) == ["routes-001"]
-        answer(again)
+        take(again)
         await wait_until_async(
             lambda: not streams.progress({AUTHZ_POLICY_SET: digest}, [AUTHZ]).pending, 5, "the set held"
         )
         assert held.keys() == {"default", "routes-002", "routes-003"}
-    finally:
-        requests.put_nowait(None)
-        await asyncio.wait_for(task, 5)
