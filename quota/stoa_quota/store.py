@@ -54,11 +54,36 @@ class Outcome:
         return max(1, math.ceil(self.window.reset_s))
 
 
+# How long a connection the pool could not make is retried before the pool gives it up (and makes
+# one again at the next caller that finds none). The pool's own default, 5 minutes of doubling delays,
+# left a store that was down for a minute refusing counts for about another minute once it was back.
+RECONNECT_S = 1.0
+
+
+def _bounded_connection(psycopg: Any, wait_s: float) -> type:
+    """A connection class whose every wait on the server gives up after `wait_s`: a server that stops
+    answering (a hung host, a stopped process, a dropped network) never enforces its own statement
+    timeout, and the caller's thread would wait for TCP to give up, for many minutes."""
+    wait_timeout = psycopg.errors._WaitTimeout
+
+    class BoundedConnection(psycopg.Connection):  # type: ignore[misc, name-defined]
+        def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+            try:
+                return super().wait(gen, interval, wait_s if timeout is None else timeout)
+            except wait_timeout:
+                # Left mid-exchange with the server: never usable again (the pool discards it).
+                self.close()
+                raise
+
+    return BoundedConnection
+
+
 class QuotaStore:
     """A pool of connections to the counters' database; creates the table when absent.
 
     `timeout_s` bounds both waiting for a connection and each statement: a count that cannot be made
-    in that time is `QuotaUnavailable`, never a stuck caller thread.
+    in that time is `QuotaUnavailable`, never a stuck caller thread. A server that does not answer at
+    all is given up after twice that (the server's own statement timeout comes first when it answers).
     """
 
     def __init__(
@@ -79,6 +104,8 @@ class QuotaStore:
         self._failures = (self._psycopg.Error, psycopg_pool.PoolTimeout, OSError)
         self.pool = psycopg_pool.ConnectionPool(
             dsn,
+            connection_class=_bounded_connection(self._psycopg, 2 * timeout_s),
+            reconnect_timeout=RECONNECT_S,
             # Every connection opened at start (in the background): a caller's first burst never
             # waits for connections being made, which on a loaded machine can outlast `timeout_s`.
             min_size=max_size,
