@@ -94,6 +94,22 @@ def test_a_corrupted_delta_is_healed_by_the_complete_inventory(delta_site: Delta
     }
 
 
+def test_a_delta_that_cannot_be_read_is_healed_by_the_complete_inventory(delta_site: DeltaSite) -> None:
+    link = delta_site.site.link
+    assert link is not None
+    fetches = delta_site.cp.config_fetches()
+    # Valid JSON that no delta can hold (a string with an unpaired surrogate): the Link fetches the
+    # complete inventory and keeps following the stream.
+    broken = '{"schema_version": 2, "generation": "99", "routes": [{"route_id": "\\ud800"}]}'
+    delta_site.send(delta_site.next(add="d7"), data=broken)
+    assert delta_site.served("d7")["path"] == "/d7/x"
+    assert delta_site.cp.config_fetches() == fetches + 1
+    assert link.running
+    delta_site.send(delta_site.next(add="d8"))
+    assert delta_site.served("d8")["path"] == "/d8/x"
+    assert delta_site.cp.config_fetches() == fetches + 1
+
+
 def test_a_gap_in_generations_is_healed_by_the_complete_inventory(delta_site: DeltaSite) -> None:
     fetches = delta_site.cp.config_fetches()
     # A delta from a generation the Link never saw (the one before was lost).

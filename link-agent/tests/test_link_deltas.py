@@ -3,6 +3,8 @@ hash; a gap, a mismatch or an unreadable delta answered by fetching the complete
 
 from __future__ import annotations
 
+import json
+
 import httpx
 from google.protobuf import json_format
 from stoa_link.cp_client import Backoff, Changed, CpClient
@@ -75,3 +77,34 @@ async def test_deltas_apply_and_a_gap_a_mismatch_or_garbage_fetch_the_complete_i
     assert config_calls == 4
     assert client.refetches == {"mismatch": 1, "gap": 1, "unreadable": 1}
     assert client.last_event_id == 6
+
+
+async def test_a_delta_that_is_json_but_no_delta_is_unreadable_and_fetches_the_complete_inventory() -> None:
+    v1, v2 = inventory(1, "a"), inventory(2, "a", "b")
+    header = {"schema_version": INVENTORY_SCHEMA_VERSION, "gateway_id": "gw", "generation": "2"}
+    head = json.dumps({**header, "base_generation": "1"})[:-1]
+    unreadable = [
+        # Valid JSON, a string no protobuf string can hold (an unpaired surrogate).
+        head + ', "routes": [{"route_id": "\\ud800"}]}',
+        # Valid JSON nested deeper than any parser here follows.
+        head + ', "routes": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    ]
+    stream = "".join(f"event: delta\nid: 2\ndata: {data}\n\n" for data in unreadable)
+    configs = iter([v1, v2, v2])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/gateways/gw/config":
+            return httpx.Response(200, text=as_json(next(configs)))
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream.encode())
+
+    client = CpClient(
+        "http://cp", "gw", "secret", transport=httpx.MockTransport(handler), backoff=Backoff(0.001, 0.002)
+    )
+    deliveries = []
+    async for delivery in client.deliveries():
+        deliveries.append(delivery)
+        if len(deliveries) == 3:
+            break
+    await client.aclose()
+    assert deliveries == [v1, v2, v2]
+    assert client.refetches == {"unreadable": 2}
