@@ -5,6 +5,7 @@ fields."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -251,5 +252,59 @@ def test_counting_resumes_soon_after_the_server_is_back(faulty: EmbeddedPostgres
             faulty.resume()
         # Not after the pool's doubling delays between attempts (by then up to as long as the outage).
         wait_until(lambda: counter.take("outage", 1000, 3600).allowed, 2.5, "counting again")
+    finally:
+        store.close()
+
+
+def test_after_a_restart_one_count_finds_the_pool_lost_not_one_per_connection(
+    faulty: EmbeddedPostgres,
+) -> None:
+    store = QuotaStore(faulty.dsn, max_size=4, timeout_s=0.3).open()
+    counter = BilledCounter(store)
+
+    def take() -> bool:
+        try:
+            return counter.take("restart", 1000, 3600).allowed
+        except QuotaUnavailable:
+            return False
+
+    try:
+        wait_until(lambda: store.pool.get_stats()["pool_available"] == 4, 5, "every connection open")
+        faulty.stop_server()
+        faulty.resume()
+        # The first count learns the connections are gone; the others are tested, not each failed.
+        outcomes = [take() for _ in range(4)]
+        assert outcomes[1:] == [True, True, True], outcomes
+    finally:
+        store.close()
+
+
+def test_while_the_server_is_known_lost_a_count_is_refused_without_the_whole_wait(
+    faulty: EmbeddedPostgres,
+) -> None:
+    # A long timeout: a caller held for it would be past the deadline of whoever waits on it (Envoy
+    # waits 250 ms for a Check), and would hold its thread meanwhile.
+    store = QuotaStore(faulty.dsn, max_size=2, timeout_s=3.0).open()
+    counter = BilledCounter(store)
+    refused = threading.Event()
+
+    def take() -> None:
+        with contextlib.suppress(QuotaUnavailable):
+            counter.take("lost", 1000, 3600)
+            return
+        refused.set()
+
+    try:
+        assert counter.take("lost", 1000, 3600).allowed
+        faulty.stop_server()
+        try:
+            for _ in range(2):  # every connection the pool held found lost
+                with pytest.raises(QuotaUnavailable):
+                    counter.take("lost", 1000, 3600)
+            threading.Thread(target=take, daemon=True).start()
+            assert refused.wait(1.0), "a count waited the whole timeout on a server known lost"
+        finally:
+            faulty.resume()
+        wait_until(lambda: counter.take("lost", 1000, 3600).allowed, 3, "counting again")
     finally:
         store.close()
