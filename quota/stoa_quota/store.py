@@ -113,6 +113,7 @@ class QuotaStore:
             dsn,
             connection_class=_bounded_connection(self._psycopg, 2 * timeout_s),
             reconnect_timeout=RECONNECT_S,
+            reconnect_failed=self._unreachable,
             # Every connection opened at start (in the background): a caller's first burst never
             # waits for connections being made, which on a loaded machine can outlast `timeout_s`.
             min_size=max_size,
@@ -143,10 +144,11 @@ class QuotaStore:
         """Run one statement on a pooled connection; its rows. Any failure is QuotaUnavailable.
         A database without the table (first use, or down when the store opened) gets it here.
 
-        Once a connection was found lost, and until a statement succeeds again, a caller waits for a
-        connection only `PROBE_S`: the pool has none to give, and waiting `timeout_s` each would hold
-        every caller's thread that long (past the deadline of whoever waits on the caller). Each such
-        wait still asks the pool for a connection, so one is made as soon as the server is back."""
+        Once a connection was found lost or could not be made, and until a statement succeeds again, a
+        caller waits for a connection only `PROBE_S`: the pool has none to give, and waiting `timeout_s`
+        each would hold every caller's thread that long (past the deadline of whoever waits on the
+        caller). Each such wait still asks the pool for a connection, so one is made as soon as the
+        server is back."""
         try:
             wait = min(PROBE_S, self.timeout_s) if self._lost else self.timeout_s
             with self.pool.connection(timeout=wait) as conn:
@@ -168,6 +170,10 @@ class QuotaStore:
             return rows
         except self._failures as exc:
             raise QuotaUnavailable(type(exc).__name__) from exc
+
+    def _unreachable(self, _pool: object) -> None:
+        """The pool could not connect for `RECONNECT_S` (the server down at start, or for long)."""
+        self._lost = True
 
     def _check_idle(self) -> None:
         """A connection turned out lost (the server restarted, say): the idle ones most likely are too,

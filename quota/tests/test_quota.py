@@ -308,3 +308,23 @@ def test_while_the_server_is_known_lost_a_count_is_refused_without_the_whole_wai
         wait_until(lambda: counter.take("lost", 1000, 3600).allowed, 3, "counting again")
     finally:
         store.close()
+
+
+def test_a_server_down_from_the_start_is_refused_without_the_whole_wait_once_known() -> None:
+    store = QuotaStore(f"postgresql://stoa@127.0.0.1:{free_port()}/none", timeout_s=1.5).open(None)
+    counter = BilledCounter(store)
+    refused = threading.Event()
+
+    def take() -> None:
+        with contextlib.suppress(QuotaUnavailable):
+            counter.take("never", 10, 60)
+            return
+        refused.set()
+
+    try:
+        with pytest.raises(QuotaUnavailable):
+            counter.take("never", 10, 60)  # the whole wait: the pool is still trying to connect
+        threading.Thread(target=take, daemon=True).start()
+        assert refused.wait(0.75), "a count waited the whole timeout on a server known unreachable"
+    finally:
+        store.close()
