@@ -198,7 +198,7 @@ def parse_delta(text: str) -> inventory_pb2.InventoryDelta:
         return _parse_delta(text)
     except json_format.ParseError:
         raise
-    except (ValueError, TypeError, RecursionError) as exc:
+    except Exception as exc:  # upb raises SystemError for some strings (a lone surrogate as a key)
         raise json_format.ParseError(f"{type(exc).__name__}: {exc}") from exc
 
 
@@ -424,13 +424,13 @@ class CpClient(GatewayCaller):
                 if source.response.status_code != 200:
                     body = (await source.response.aread()).decode(errors="replace")[:300]
                     raise CpUnavailable(f"GET /events answered {source.response.status_code}: {body}")
-                self.backoff.reset()
                 self.stream_open = True
                 log.info("cp_stream_open", extra={"fields": {"last_event_id": self.last_event_id}})
                 async for event in source.aiter_sse():
                     if event.event == "tool-permissions":
                         permissions = _permissions(event.data)
                         if permissions is not None:
+                            self.backoff.reset()
                             yield permissions
                         continue
                     hint = int(event.id) if event.id.isdigit() else 0
@@ -448,6 +448,9 @@ class CpClient(GatewayCaller):
                     generation = delivery.generation or hint
                     if generation:
                         self.last_event_id = max(generation, self.last_event_id or 0)
+                    # Only a stream that delivers resets the backoff: one that opens and fails its
+                    # first event (a refetch the CP cannot answer) must not reconnect at full speed.
+                    self.backoff.reset()
                     yield delivery
         except httpx.HTTPError as exc:
             raise CpUnavailable(f"GET /events: {exc!r}") from exc

@@ -3,10 +3,13 @@ hash; a gap, a mismatch or an unreadable delta answered by fetching the complete
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 
 import httpx
 from google.protobuf import json_format
+from stoa_harness.wait import wait_until_async
 from stoa_link.cp_client import Backoff, Changed, CpClient
 from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
 from stoa_proto.inventory_delta import diff
@@ -98,8 +101,44 @@ async def test_a_delta_that_is_json_but_no_delta_is_unreadable_and_fetches_the_c
         head + ', "routes": [{"route_id": "\\ud800"}]}',
         # Valid JSON nested deeper than any parser here follows.
         head + ', "routes": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        # Unpaired surrogates where protobuf's parser fails otherwise (a key, a list of strings).
+        head + ', "tombstones": [{"\\ud800": "x"}]}',
+        head + ', "policies": ["\\ud800"]}',
     ]
     stream = "".join(f"event: delta\nid: 2\ndata: {data}\n\n" for data in unreadable)
-    deliveries, client, _ = await follow([v1, v2, v2], stream, 3)
-    assert deliveries == [v1, v2, v2]
-    assert client.refetches == {"unreadable": 2}
+    deliveries, client, _ = await follow([v1, v2, v2, v2, v2], stream, 5)
+    assert deliveries == [v1, v2, v2, v2, v2]
+    assert client.refetches == {"unreadable": 4}
+
+
+async def test_a_stream_whose_first_event_fails_its_refetch_reconnects_with_a_growing_backoff() -> None:
+    """The CP's stream opens, its delta cannot be read and /config fails: the next stream waits a
+    longer delay each time (opening a stream is no success), so the Link does not loop at full speed
+    on a CP that is failing."""
+    v1 = inventory(1, "a")
+    opens = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal opens
+        if request.url.path == "/v1/gateways/gw/config":
+            if opens == 0:
+                return httpx.Response(200, text=as_json(v1))
+            return httpx.Response(503, text="unavailable")
+        opens += 1
+        stream = "event: delta\nid: 2\ndata: {not json\n\n"
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream.encode())
+
+    backoff = Backoff(0.001, 0.002)
+    client = CpClient("http://cp", "gw", "secret", transport=httpx.MockTransport(handler), backoff=backoff)
+    deliveries = client.deliveries()
+    assert await anext(deliveries) == v1
+    follow_on = asyncio.ensure_future(anext(deliveries))
+    try:
+        await wait_until_async(lambda: opens >= 5, 10, "five streams opened")
+        assert backoff.attempt >= 4, "a stream that delivered nothing reset the backoff"
+    finally:
+        follow_on.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await follow_on
+        await deliveries.aclose()
+        await client.aclose()
