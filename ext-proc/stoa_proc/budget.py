@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -30,10 +29,10 @@ from stoa_translate.policies import token_budget
 
 from stoa_proc.reasons import Deny, Reason
 from stoa_proc.rules import PolicyError, translated
+from stoa_proc.stream import EVENT_END, event_data
 
 log = logging.getLogger("stoa_proc.budget")
 
-_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 # A stream's usage chunk is small: a pending partial event larger than this is not one.
 _MAX_PENDING = 64 * 1024
 
@@ -88,7 +87,7 @@ class StreamUsage:
     def feed(self, chunk: bytes) -> None:
         data = self._pending + chunk
         start = 0
-        while (found := _EVENT_END.search(data, start)) is not None:
+        while (found := EVENT_END.search(data, start)) is not None:
             self._event(data[start : found.start()])
             start = found.end()
         self._pending = data[start:][-_MAX_PENDING:]
@@ -96,14 +95,13 @@ class StreamUsage:
     def _event(self, event: bytes) -> None:
         if b"usage" not in event:
             return
-        for line in event.split(b"\n"):
-            if line.startswith(b"data:"):
-                try:
-                    total = usage_of(json.loads(line[5:]))
-                except (ValueError, RecursionError):
-                    continue
-                if total is not None:
-                    self.total = total
+        data = event_data(event)
+        try:
+            total = usage_of(json.loads(data)) if data is not None else None
+        except (ValueError, RecursionError):
+            return
+        if total is not None:
+            self.total = total
 
 
 class Budgets:

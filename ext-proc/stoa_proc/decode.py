@@ -13,6 +13,7 @@ import re
 import zlib
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote_plus
 
 import brotli
 import zstandard
@@ -122,6 +123,17 @@ def parse_json(source: str) -> Any:
         raise Deny(Reason.MALFORMED_BODY) from exc
 
 
+def event_json(source: str) -> Any:
+    """The JSON document of a streamed event, or None when it is not JSON; 400 for duplicate keys
+    (two clients could read two different values, as in a request)."""
+    try:
+        return _DECODER.decode(source)
+    except DuplicateKey as exc:
+        raise Deny(Reason.MALFORMED_BODY) from exc
+    except (ValueError, RecursionError):
+        return None
+
+
 _ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
 
 
@@ -130,20 +142,32 @@ def unescape(text: str) -> str:
     return _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text) if "\\u" in text else text
 
 
+def form_decoded(content_type: str, text: str) -> str | None:
+    """A form body's text as the upstream reads it (percent-escapes and `+` decoded), or None when the
+    body is not a form or holds nothing encoded."""
+    if content_type.split(";", 1)[0].strip().lower() != "application/x-www-form-urlencoded":
+        return None
+    decoded = unquote_plus(text)
+    return decoded if decoded != text else None
+
+
 def is_json(content_type: str) -> bool:
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or media.endswith("+json")
 
 
 def strings(document: Any) -> list[str]:
-    """Every string of a JSON document, object keys included, depth first (a list: a generator's
-    resumption per string costs more than the rest of the walk)."""
+    """Every string of a JSON document, object keys included, and every number as text (a card number
+    sent as a number is still one), depth first (a list: a generator's resumption per string costs
+    more than the rest of the walk)."""
     found: list[str] = []
     stack = [document]
     while stack:
         node = stack.pop()
         if isinstance(node, str):
             found.append(node)
+        elif isinstance(node, int | float) and not isinstance(node, bool):
+            found.append(str(node))
         elif isinstance(node, dict):
             for key, value in node.items():
                 found.append(key)

@@ -216,7 +216,8 @@ class Exchange:
         self.response_type = headers.get("content-type", "")
         self.response_encoding = headers.get("content-encoding", "")
         guardrails = self.inspects(request=False)
-        if self.response_type.startswith("text/event-stream") and (guardrails or self.budget):
+        media = self.response_type.split(";", 1)[0].strip().lower()  # a media type has no case
+        if media == "text/event-stream" and (guardrails or self.budget):
             encoded = bool(decode.encodings(self.response_encoding))
             if guardrails and encoded:
                 # An encoded event stream cannot be inspected event by event: refused, never passed.
@@ -282,6 +283,9 @@ class Exchange:
                 unescaped = decode.unescape(text)
                 if unescaped != text:
                     guardrails.check_text(unescaped)
+                form = decode.form_decoded(content_type, text)
+                if form is not None:
+                    guardrails.check_text(form)
                 redacted_text = guardrails.redact_text(text)
                 if redacted_text != text:
                     replaced = redacted_text.encode()
@@ -359,6 +363,10 @@ def _redact_json(document: object, guardrails: Guardrails) -> object:
     if isinstance(document, str):
         redacted = guardrails.redact_text(document)
         return document if redacted == document else redacted
+    if isinstance(document, int | float) and not isinstance(document, bool):
+        # A number holding PII (a card number) becomes the redacted text.
+        redacted = guardrails.redact_text(str(document))
+        return document if redacted == str(document) else redacted
     if isinstance(document, list):
         items = [_redact_json(item, guardrails) for item in document]
         return document if all(a is b for a, b in zip(items, document, strict=True)) else items

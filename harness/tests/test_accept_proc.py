@@ -186,6 +186,20 @@ def test_request_guardrails_and_bypasses(estate: Estate, api: str) -> None:
     assert all(len(e["request_id"]) == 36 for e in events[-8:])
 
 
+def test_numbers_forms_and_invisible_characters_do_not_slip_the_request_guardrails(estate: Estate) -> None:
+    cases = [
+        # A card number sent as a JSON number, a pattern split by a zero-width space, a form body's
+        # percent-escapes (the upstream decodes them).
+        (b'{"messages":[{"role":"user","content":"pay"}],"card":4111111111111111}', "application/json"),
+        (json.dumps(ask("the forbidden\u200b fruit")).encode(), "application/json"),
+        (b"q=the+forbidden%20fruit", "application/x-www-form-urlencoded"),
+    ]
+    for body, content_type in cases:
+        response = chat(estate, body, "inspected", content_type=content_type)
+        assert (response.status_code, response.content) == (403, PROC_BODIES["guardrail_blocked"]), body
+    assert estate.llm.requests() == []
+
+
 @GUARDED
 def test_compressed_request_is_inspected_and_a_bomb_is_413(estate: Estate, api: str) -> None:
     secret = json.dumps(ask(f"the {SECRET}")).encode()
@@ -272,6 +286,39 @@ def test_streamed_answer_with_a_split_pattern_ends_with_an_error_event(estate: E
     text = stream(estate, "hi")
     assert '"content": " good."' in text
     assert text.endswith("data: [DONE]\n\n")
+
+
+def sse_chunk(delta: dict, end: str = "\n\n") -> bytes:
+    # Non-ASCII unescaped, as a JavaScript server writes JSON.
+    return (
+        f"data: {json.dumps({'choices': [{'index': 0, 'delta': delta}]}, ensure_ascii=False)}{end}".encode()
+    )
+
+
+@pytest.mark.parametrize(
+    ("events", "stream_type"),
+    [
+        # Events ended by LF then CR (the format allows it; every client's parser sees two events),
+        # under a media type in capitals: each split half, then the error.
+        (
+            [sse_chunk({"content": "the forb"}, "\n\r"), sse_chunk({"content": "idden fruit"}, "\n\r")],
+            "Text/Event-Stream",
+        ),
+        # A line separator inside the JSON (one line for the format), and the text in a tool call.
+        ([sse_chunk({"content": f"the {SECRET} \u2028"})], "text/event-stream"),
+        (
+            [sse_chunk({"tool_calls": [{"index": 0, "function": {"name": "say", "arguments": SECRET}}]})],
+            "text/event-stream",
+        ),
+    ],
+)
+def test_a_streamed_answer_is_inspected_as_a_client_reads_it(
+    estate: Estate, events: list[bytes], stream_type: str
+) -> None:
+    estate.llm.script([], events=events, stream_type=stream_type)
+    text = stream(estate, "hi")
+    assert "fruit" not in text
+    assert text.endswith('event: error\ndata: {"error": "guardrail_blocked"}\n\n')
 
 
 def test_a_bad_pattern_is_refused_by_the_cp(estate: Estate) -> None:
