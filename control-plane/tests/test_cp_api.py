@@ -112,6 +112,25 @@ async def test_api_crud_with_defaults(api) -> None:
     assert problem_fields(gone) == ["api_id"]
 
 
+async def test_a_path_prefix_is_stored_as_the_gateway_matches_it(api) -> None:
+    tenant_id = await api.new_tenant()
+    # Without its trailing slash: the site matches `/a/` as `/a`.
+    slashed_id = fresh_id("s")
+    slashed = await api.answer(
+        "POST",
+        f"/v1/tenants/{tenant_id}/apis",
+        json={
+            "api_id": slashed_id,
+            "name": "S",
+            "upstream_url": "http://127.0.0.1:1",
+            "methods": ["GET"],
+            "path_prefix": f"/{slashed_id}/",
+        },
+    )
+    assert slashed.status_code == 201, slashed.text
+    assert slashed.json()["path_prefix"] == f"/{slashed_id}"
+
+
 async def test_duplicates_are_conflicts_naming_the_id(api) -> None:
     tenant_id = await api.new_tenant()
     other_tenant = await api.new_tenant()
@@ -134,6 +153,18 @@ async def test_duplicates_are_conflicts_naming_the_id(api) -> None:
                 "upstream_url": "http://127.0.0.1:1",
                 "methods": ["GET"],
                 "path_prefix": f"/apis/{api_id}",
+            },
+            "path_prefix",
+        ),
+        # The same prefix for the site, which matches `/a/` as `/a`.
+        (
+            f"/v1/tenants/{other_tenant}/apis",
+            {
+                "api_id": fresh_id("a"),
+                "name": "x",
+                "upstream_url": "http://127.0.0.1:1",
+                "methods": ["GET"],
+                "path_prefix": f"/apis/{api_id}/",
             },
             "path_prefix",
         ),
