@@ -290,6 +290,13 @@ class Exchange:
                 if redacted_text != text:
                     replaced = redacted_text.encode()
                     self.outcome = Reason.REDACTED
+                if not request and "data" in redacted_text:
+                    # An event stream under another media type is still read as one by a client
+                    # that asked for a stream: what it would reconstruct is inspected too.
+                    events = SseGuard(guardrails)
+                    events.feed(replaced or plain, end_of_stream=True)
+                    if events.denied is not None:
+                        raise Deny(events.denied)
         if edits is not None:
             if document is None:
                 document = self._json_for_edits(plain, is_json, request)

@@ -321,6 +321,21 @@ def test_a_streamed_answer_is_inspected_as_a_client_reads_it(
     assert text.endswith('event: error\ndata: {"error": "guardrail_blocked"}\n\n')
 
 
+def test_an_event_stream_under_another_media_type_is_inspected_as_one(estate: Estate) -> None:
+    # A client that asked for a stream reads the answer as events whatever its type: buffered, the
+    # text it would reconstruct is inspected as well.
+    events = [sse_chunk({"content": "the forb"}), sse_chunk({"content": "idden fruit"})]
+    estate.llm.script([], events=events, stream_type="text/plain")
+    response = httpx.post(estate.url("/apis/chat/chat/completions"), json=ask("hi", stream=True), timeout=10)
+    assert (response.status_code, response.content) == (403, PROC_BODIES["guardrail_blocked"])
+    estate.llm.script(
+        [], events=[sse_chunk({"content": "all"}), sse_chunk({"content": " good"})], stream_type="text/plain"
+    )
+    response = httpx.post(estate.url("/apis/chat/chat/completions"), json=ask("hi", stream=True), timeout=10)
+    assert response.status_code == 200
+    assert response.text.count("data: ") == 2
+
+
 def test_a_bad_pattern_is_refused_by_the_cp(estate: Estate) -> None:
     with pytest.raises(CPError) as refused:
         estate.admin.create_policy(
