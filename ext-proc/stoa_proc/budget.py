@@ -1,11 +1,12 @@
 """Phase 2, token budget: tokens reserved before a completion goes upstream, settled from its usage.
 
-The reservation is the request's `max_tokens` (or `max_completion_tokens`, else the policy's default),
-taken atomically in the quota store (`stoa_quota.TokenCounter`, PostgreSQL) only while it fits in the
-window's budget: a parallel burst can never commit more than the budget. The response settles it
-from `usage.total_tokens` (a buffered JSON answer, or the final chunk of a server-sent event stream
-with `stream_options.include_usage`); a missing, negative or malformed usage, an answer that never
-completes, or a client that goes away mid-stream leaves the reservation charged whole.
+The reservation is the request's `max_tokens` (or `max_completion_tokens`, else the policy's default)
+times the choices it asks for (`n`), taken atomically in the quota store (`stoa_quota.TokenCounter`,
+PostgreSQL) only while it fits in the window's budget: a parallel burst can never commit more than
+the budget. The response settles it from `usage.total_tokens` (a buffered JSON answer, or the final
+chunk of a server-sent event stream with `stream_options.include_usage`); a missing, negative or
+malformed usage, an answer that never completes, or a client that goes away mid-stream leaves the
+reservation charged whole.
 
 Counts are per consumer (the id the authorization service set, `x-stoa-consumer-id`; a request
 without one is refused) or per tenant, under the policy id, so every route of one policy shares them.
@@ -57,15 +58,22 @@ def _positive_int(value: object) -> bool:
 
 
 def requested(document: Any, budget: Budget) -> int:
-    """The tokens to reserve for this request body; 400 for a limit that is not a positive integer."""
+    """The tokens to reserve for this request body: its limit per choice times the choices it asks for
+    (`n`: each choice is a completion of up to that many tokens); 400 for a limit or an `n` that is not
+    a positive integer."""
     if not isinstance(document, dict):
+        raise Deny(Reason.MALFORMED_BODY)
+    choices = document.get("n")
+    if choices is None:
+        choices = 1
+    elif not _positive_int(choices):
         raise Deny(Reason.MALFORMED_BODY)
     for name in ("max_completion_tokens", "max_tokens"):
         if name in document and document[name] is not None:
             if not _positive_int(document[name]):
                 raise Deny(Reason.MALFORMED_BODY)
-            return int(document[name])
-    return budget.default_max_tokens
+            return int(document[name]) * choices
+    return budget.default_max_tokens * choices
 
 
 def usage_of(document: Any) -> int | None:
