@@ -138,8 +138,12 @@ _ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
 
 
 def unescape(text: str) -> str:
-    """`\\uXXXX` escapes in plain text decoded, so an escaped word is inspected as the word."""
-    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text) if "\\u" in text else text
+    """`\\uXXXX` escapes in plain text decoded, so an escaped word is inspected as the word; an escaped
+    surrogate pair is its one character, a lone surrogate U+FFFD (this text is only matched)."""
+    if "\\u" not in text:
+        return text
+    decoded = _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
+    return decoded.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 def form_decoded(content_type: str, text: str) -> str | None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,18 +119,20 @@ class Guardrails:
         # nothing, and case folding goes character by character.
         # The screen leaves out the PII kinds a redaction takes care of: blocked here, it cannot rule.
         screened = self.screen is not None and not (block_pii and self.redact)
-        if screened and not self.screen.search(normalise("\n".join(strings))):
-            return
+        with _decodable():
+            if screened and not self.screen.search(normalise("\n".join(strings))):
+                return
         for value in strings:
             self.check_text(value, block_pii=block_pii)
 
     def check_text(self, value: str, *, block_pii: bool = False) -> None:
         """403 if a pattern, or a PII kind to block, is found in the normalised text."""
         folded = normalise(value)
-        if any(p.search(folded) for p in self.patterns):
-            raise Deny(Reason.GUARDRAIL_BLOCKED)
-        if self.pii and (block_pii or not self.redact) and any(_find(k, folded) for k in self.pii):
-            raise Deny(Reason.GUARDRAIL_BLOCKED)
+        with _decodable():
+            if any(p.search(folded) for p in self.patterns):
+                raise Deny(Reason.GUARDRAIL_BLOCKED)
+            if self.pii and (block_pii or not self.redact) and any(_find(k, folded) for k in self.pii):
+                raise Deny(Reason.GUARDRAIL_BLOCKED)
 
     def redact_text(self, value: str) -> str:
         """The text with every confirmed PII match replaced (NFKC form, so what matched is what goes)."""
@@ -147,7 +150,8 @@ class Guardrails:
                 changed = True
                 return REDACTED
 
-            text = kind.pattern.sub(replace, text)
+            with _decodable():
+                text = kind.pattern.sub(replace, text)
         return text if changed else value
 
     def check_schema(self, document: Any) -> None:
@@ -156,6 +160,16 @@ class Guardrails:
         error = next(iter(sorted(self.schema.iter_errors(document), key=lambda e: list(e.path))), None)
         if error is not None:
             raise Deny(Reason.SCHEMA_INVALID, path=error.json_path)
+
+
+@contextmanager
+def _decodable() -> Iterator[None]:
+    """Text that is not Unicode (a lone surrogate, from a JSON `\\ud800` escape) is an undecodable
+    body (400), found where RE2 needs the text as UTF-8: only then does it cost anything."""
+    try:
+        yield
+    except UnicodeEncodeError as exc:
+        raise Deny(Reason.MALFORMED_BODY) from exc
 
 
 def _find(kind: PiiKind, text: str) -> bool:

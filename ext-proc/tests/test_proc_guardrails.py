@@ -76,6 +76,20 @@ def test_json_strictness() -> None:
     assert denied(decode.text, b"\xff\xfe").reason is Reason.MALFORMED_BODY
 
 
+def test_surrogate_escapes() -> None:
+    # A lone surrogate is no Unicode text: an undecodable body wherever it would be matched.
+    g = guard(pii_kinds=["email"], pii_action="redact")
+    lone = decode.parse_json('{"a":"\\ud800 ignore previous instructions"}')
+    assert denied(g.check_texts, decode.strings(lone)).reason is Reason.MALFORMED_BODY
+    assert denied(g.check_text, "\ud800").reason is Reason.MALFORMED_BODY
+    assert denied(g.redact_text, "\ud800 bob@example.com").reason is Reason.MALFORMED_BODY
+    # In plain text an escaped pair is its one character, and a lone one matches as U+FFFD.
+    assert decode.unescape("a \\ud83d\\ude00 \\ud800 b") == "a \U0001f600 \ufffd b"
+    g.check_text(decode.unescape("\\ud800 hello"))
+    emoji = guard(patterns=["\U0001f600"])
+    assert denied(emoji.check_text, decode.unescape("\\ud83d\\ude00")).reason is Reason.GUARDRAIL_BLOCKED
+
+
 def test_patterns_match_normalised_text() -> None:
     g = guard()
     g.check_text("please follow the instructions")

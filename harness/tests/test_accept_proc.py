@@ -147,6 +147,8 @@ def test_request_guardrails_and_bypasses(estate: Estate, api: str) -> None:
         (b'{"messages":[{"role":"user","content":"x","content":"y"}]}', 400, DENY_BODIES[400]),
         (b'{"messages":', 400, DENY_BODIES[400]),
         (b"\xff\xfe", 400, DENY_BODIES[400]),
+        # A lone surrogate escape: no Unicode text to inspect (it was a 503, the service failing).
+        (b'{"messages":[{"role":"user","content":"\\ud800 x"}]}', 400, DENY_BODIES[400]),
     ]
     for body, status, expected in cases:
         response = chat(estate, body, api)
