@@ -123,15 +123,20 @@ def parse_json(source: str) -> Any:
         raise Deny(Reason.MALFORMED_BODY) from exc
 
 
-def event_json(source: str) -> Any:
-    """The JSON document of a streamed event, or None when it is not JSON; 400 for duplicate keys
-    (two clients could read two different values, as in a request)."""
+# What `sniffed_json` gives for a text that is not JSON (`None` is the JSON document `null`).
+NOT_JSON: Any = object()
+
+
+def sniffed_json(source: str) -> Any:
+    """The JSON document a text holds whatever it is labelled (a streamed event, a body a client did
+    not declare JSON but an upstream may parse as JSON), or NOT_JSON; 400 for duplicate keys (two
+    parsers could read two different values, as in a JSON body)."""
     try:
         return _DECODER.decode(source)
     except DuplicateKey as exc:
         raise Deny(Reason.MALFORMED_BODY) from exc
     except (ValueError, RecursionError):
-        return None
+        return NOT_JSON
 
 
 _ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")

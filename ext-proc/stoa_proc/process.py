@@ -280,6 +280,11 @@ class Exchange:
             else:
                 # Escapes are decoded for matching only: a `\u0041` in plain text is inspected as `A`.
                 guardrails.check_text(text)
+                if request and guardrails.schema is not None:
+                    # JSON under another type is still JSON to an upstream that parses it regardless.
+                    sniffed = decode.sniffed_json(text)
+                    if sniffed is not decode.NOT_JSON:
+                        guardrails.check_schema(sniffed)
                 unescaped = decode.unescape(text)
                 if unescaped != text:
                     guardrails.check_text(unescaped)

@@ -121,8 +121,8 @@ class SseGuard:
         if data is None or data.strip() == "[DONE]":
             return True
         try:
-            payload = decode.event_json(data)
-            if payload is None:
+            payload = decode.sniffed_json(data)
+            if payload is decode.NOT_JSON:
                 return True  # not JSON: no completion chunk, and nothing a client reads as one
             self._guardrails.check_texts(decode.strings(payload), block_pii=True)
             for place, piece in _deltas(payload):

@@ -74,6 +74,10 @@ def test_json_strictness() -> None:
     for bad in ('{"a":1,"a":2}', '{"a":[{"b":1,"b":1}]}', '{"a":NaN}', "{", "[" * 100_000):
         assert denied(decode.parse_json, bad).reason is Reason.MALFORMED_BODY
     assert denied(decode.text, b"\xff\xfe").reason is Reason.MALFORMED_BODY
+    # A text of any label: its JSON document (`null` too), NOT_JSON, or 400 for duplicate keys.
+    assert decode.sniffed_json("null") is None
+    assert decode.sniffed_json("q=1") is decode.NOT_JSON
+    assert denied(decode.sniffed_json, '{"a":1,"a":2}').reason is Reason.MALFORMED_BODY
 
 
 def test_surrogate_escapes() -> None:

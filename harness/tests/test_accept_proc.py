@@ -188,7 +188,9 @@ def test_request_guardrails_and_bypasses(estate: Estate, api: str) -> None:
     assert all(len(e["request_id"]) == 36 for e in events[-8:])
 
 
-def test_numbers_forms_and_invisible_characters_do_not_slip_the_request_guardrails(estate: Estate) -> None:
+def test_numbers_forms_invisible_characters_and_undeclared_json_do_not_slip_the_request_guardrails(
+    estate: Estate,
+) -> None:
     cases = [
         # A card number sent as a JSON number, a pattern split by a zero-width space, a form body's
         # percent-escapes (the upstream decodes them).
@@ -199,6 +201,10 @@ def test_numbers_forms_and_invisible_characters_do_not_slip_the_request_guardrai
     for body, content_type in cases:
         response = chat(estate, body, "inspected", content_type=content_type)
         assert (response.status_code, response.content) == (403, PROC_BODIES["guardrail_blocked"]), body
+    # JSON the client did not declare JSON (an upstream may parse it anyway) is held to the schema.
+    off_schema = b'{"messages":[{"content":"no role"}]}'
+    response = chat(estate, off_schema, "inspected", content_type="text/plain")
+    assert (response.status_code, response.json()["path"]) == (422, "$.messages[0]")
     assert estate.llm.requests() == []
 
 
