@@ -8,6 +8,7 @@ otherwise disagree on which value counts).
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 import zlib
@@ -93,6 +94,33 @@ def text(data: bytes) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
+        raise Deny(Reason.MALFORMED_BODY) from exc
+
+
+# Charsets whose text is the UTF-8 text already inspected.
+_UTF8_VIEWS = frozenset(("utf-8", "ascii"))
+
+
+def declared_text(content_type: str, data: bytes) -> str | None:
+    """The body as its declared charset reads it, when that is not UTF-8 (an upstream that honours
+    `charset=utf-16le` or `utf-7` reads other words than the UTF-8 view shows), else None; 400 for a
+    charset Python does not know or a body it cannot decode."""
+    charset = ""
+    for parameter in content_type.split(";")[1:]:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset":
+            charset = value.strip().strip('"').lower()
+    if not charset:
+        return None
+    try:
+        codec = codecs.lookup(charset).name
+    except LookupError as exc:
+        raise Deny(Reason.MALFORMED_BODY) from exc
+    if codec in _UTF8_VIEWS:
+        return None
+    try:
+        return data.decode(codec)
+    except (LookupError, ValueError) as exc:  # not a text encoding (`base64`), or not decodable
         raise Deny(Reason.MALFORMED_BODY) from exc
 
 

@@ -268,6 +268,9 @@ class Exchange:
         replaced: bytes | None = None
         if guardrails is not None:
             text = decode.text(plain)
+            declared = decode.declared_text(content_type, plain)
+            if declared is not None and declared != text:
+                guardrails.check_text(declared)
             if is_json:
                 document = decode.parse_json(text)
                 guardrails.check_texts(decode.strings(document))

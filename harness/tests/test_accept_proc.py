@@ -197,6 +197,8 @@ def test_numbers_forms_invisible_characters_and_undeclared_json_do_not_slip_the_
         (b'{"messages":[{"role":"user","content":"pay"}],"card":4111111111111111}', "application/json"),
         (json.dumps(ask("the forbidden\u200b fruit")).encode(), "application/json"),
         (b"q=the+forbidden%20fruit", "application/x-www-form-urlencoded"),
+        # Text in the charset it declares (valid UTF-8 too: ASCII and NULs), as the upstream reads it.
+        ("the forbidden fruit".encode("utf-16-le"), "text/plain; charset=utf-16le"),
     ]
     for body, content_type in cases:
         response = chat(estate, body, "inspected", content_type=content_type)
