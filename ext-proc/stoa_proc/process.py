@@ -270,7 +270,8 @@ class Exchange:
             text = decode.text(plain)
             declared = decode.declared_text(content_type, plain)
             if declared is not None and declared != text:
-                guardrails.check_text(declared)
+                # PII is blocked there whatever the action: a redaction rewrites the UTF-8 view only.
+                guardrails.check_text(declared, block_pii=True)
             if is_json:
                 document = decode.parse_json(text)
                 guardrails.check_texts(decode.strings(document))
