@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,7 +118,7 @@ class Guardrails:
         # nothing, and case folding goes character by character.
         # The screen leaves out the PII kinds a redaction takes care of: blocked here, it cannot rule.
         screened = self.screen is not None and not (block_pii and self.redact)
-        with _decodable():
+        with _decodable:
             if screened and not self.screen.search(normalise("\n".join(strings))):
                 return
         for value in strings:
@@ -127,8 +126,8 @@ class Guardrails:
 
     def check_text(self, value: str, *, block_pii: bool = False) -> None:
         """403 if a pattern, or a PII kind to block, is found in the normalised text."""
-        folded = normalise(value)
-        with _decodable():
+        with _decodable:
+            folded = normalise(value)
             if any(p.search(folded) for p in self.patterns):
                 raise Deny(Reason.GUARDRAIL_BLOCKED)
             if self.pii and (block_pii or not self.redact) and any(_find(k, folded) for k in self.pii):
@@ -139,7 +138,8 @@ class Guardrails:
         if not (self.pii and self.redact):
             return value
         # Without the invisible characters, which could otherwise split a match.
-        text = unicodedata.normalize("NFKC", guardrails_kind.INVISIBLE.sub("", value))
+        with _decodable:
+            text = unicodedata.normalize("NFKC", guardrails_kind.visible(value))
         changed = False
         for kind in self.pii:
 
@@ -150,7 +150,7 @@ class Guardrails:
                 changed = True
                 return REDACTED
 
-            with _decodable():
+            with _decodable:
                 text = kind.pattern.sub(replace, text)
         return text if changed else value
 
@@ -162,14 +162,21 @@ class Guardrails:
             raise Deny(Reason.SCHEMA_INVALID, path=error.json_path)
 
 
-@contextmanager
-def _decodable() -> Iterator[None]:
+class _Decodable:
     """Text that is not Unicode (a lone surrogate, from a JSON `\\ud800` escape) is an undecodable
-    body (400), found where RE2 needs the text as UTF-8: only then does it cost anything."""
-    try:
-        yield
-    except UnicodeEncodeError as exc:
-        raise Deny(Reason.MALFORMED_BODY) from exc
+    body (400), found where RE2 needs the text as UTF-8: only then does it cost anything (a class:
+    a generator's context manager costs microseconds on every check)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object) -> bool:
+        if kind is not None and issubclass(kind, UnicodeEncodeError):
+            raise Deny(Reason.MALFORMED_BODY) from exc
+        return False
+
+
+_decodable = _Decodable()
 
 
 def _find(kind: PiiKind, text: str) -> bool:

@@ -124,7 +124,12 @@ class SseGuard:
             payload = decode.sniffed_json(data)
             if payload is decode.NOT_JSON:
                 return True  # not JSON: no completion chunk, and nothing a client reads as one
-            self._guardrails.check_texts(decode.strings(payload), block_pii=True)
+            # The strings outside the choices (an error's message), each event on its own; the
+            # choices' strings through what a client reconstructs of them, below.
+            rest = (
+                {k: v for k, v in payload.items() if k != "choices"} if isinstance(payload, dict) else payload
+            )
+            self._guardrails.check_texts(decode.strings(rest), block_pii=True)
             for place, piece in _deltas(payload):
                 text = (self._content.get(place, "") + piece)[-WINDOW_CHARS:]
                 self._content[place] = text
