@@ -75,7 +75,8 @@ PII_KINDS: dict[str, PiiKind] = {
         PiiKind(
             "email", re2.compile(r"(?i)[a-z0-9._%+\-]+@[a-z0-9\-]+(?:\.[a-z0-9\-]+)*\.[a-z]{2,}"), _always
         ),
-        PiiKind("card", re2.compile(r"\b\d(?:[ \-]?\d){12,18}\b"), _luhn),
+        # Digits apart by up to three spaces, tabs or dashes each ("4111  1111 ..." is still a card).
+        PiiKind("card", re2.compile(r"\b\d(?:[ \t\-]{0,3}\d){12,18}\b"), _luhn),
         PiiKind(
             "iban", re2.compile(r"(?i)\b[a-z]{2}\d{2}(?: ?[a-z0-9]{4}){2,7}(?: ?[a-z0-9]{1,4})?\b"), _iban
         ),

@@ -124,16 +124,17 @@ class SseGuard:
             payload = decode.sniffed_json(data)
             if payload is decode.NOT_JSON:
                 return True  # not JSON: no completion chunk, and nothing a client reads as one
-            # The strings outside the choices (an error's message), each event on its own; the
-            # choices' strings through what a client reconstructs of them, below.
+            # The strings outside the choices (an error's message), each event on its own, and what a
+            # client reconstructs of each string of a choice: one screen over them all.
             rest = (
                 {k: v for k, v in payload.items() if k != "choices"} if isinstance(payload, dict) else payload
             )
-            self._guardrails.check_texts(decode.strings(rest), block_pii=True)
+            texts = decode.strings(rest)
             for place, piece in _deltas(payload):
                 text = (self._content.get(place, "") + piece)[-WINDOW_CHARS:]
                 self._content[place] = text
-                self._guardrails.check_text(text, block_pii=True)
+                texts.append(text)
+            self._guardrails.check_texts(texts, block_pii=True)
         except Deny as deny:
             self.denied = deny.reason
             return False
