@@ -30,6 +30,13 @@ def digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
 
 
+def bearer(authorization: str | None) -> str:
+    """The credential of an `Authorization: Bearer <credential>` value (the scheme in any case, spaces
+    around either part allowed); "" when the value is absent, of another scheme or has no credential."""
+    scheme, _, credential = (authorization or "").strip().partition(" ")
+    return credential.strip() if scheme.lower() == "bearer" else ""
+
+
 def new_credential() -> tuple[str, bytes]:
     credential = secrets.token_urlsafe(32)
     return credential, digest(credential)
@@ -42,9 +49,8 @@ def _unauthorized(message: str) -> Problem:
 async def gateway_of(db: Database, gateway_id: str, authorization: str | None) -> str:
     """The gateway of the path, when `authorization` carries its credential (401 none or unknown, 403
     another gateway's). The authentication middleware runs it before the request body is read."""
-    scheme, _, credential = (authorization or "").strip().partition(" ")
-    credential = credential.strip()
-    if scheme.lower() != "bearer" or not credential:
+    credential = bearer(authorization)
+    if not credential:
         raise _unauthorized("a Bearer gateway credential is required")
     if unstorable(gateway_id, "gateway_id") is not None:
         raise _unauthorized("unknown gateway credential")

@@ -10,44 +10,29 @@ with the old key stay valid until they expire, which is the overlap. Remove the 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import logging
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from joserfc.errors import SecurityWarning
 from stoa_translate import jwks as keysets
+from stoa_translate.jwks import SigningKeyError
 
 from stoa_cp.store import tool_permissions
 from stoa_cp.store.database import Database
 
 log = logging.getLogger("stoa_cp.permissions")
-# "EdDSA" is the alg the module requires; joserfc warns that RFC 9864 supersedes the name.
-warnings.filterwarnings("ignore", message="EdDSA is deprecated", category=SecurityWarning)
 
 MAX_LIFETIME_S = 900
 TYP = "stoa-tool-permissions+jwt"
 
 
-class SigningKeyError(Exception):
-    pass
-
-
-def _b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
 def _load(path: Path) -> tuple[str, Ed25519PrivateKey, dict[str, Any]]:
-    try:
-        key = keysets.signing_key(path.read_bytes())
-    except ValueError as exc:
-        raise SigningKeyError(f"{path} {exc}") from exc
+    key = keysets.read_signing_key(path)
     public = keysets.signing_jwk(key)
     return public["kid"], key.private_key, public  # type: ignore[return-value]
 
@@ -97,13 +82,8 @@ class Signer:
 
     def sign(self, payload: dict[str, Any]) -> tuple[str, str]:
         kid, key, _ = self.keys()[-1]
-        header = {"alg": "EdDSA", "typ": TYP, "kid": kid}
-        signing_input = (
-            _b64url(json.dumps(header, separators=(",", ":")).encode())
-            + "."
-            + _b64url(json.dumps(payload, separators=(",", ":"), sort_keys=True).encode())
-        )
-        return kid, f"{signing_input}.{_b64url(key.sign(signing_input.encode('ascii')))}"
+        body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
+        return kid, keysets.sign_compact(key, keysets.header_segment(kid, TYP), body)
 
 
 async def keep_forever(

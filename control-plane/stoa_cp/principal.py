@@ -29,7 +29,7 @@ from joserfc.jwk import Key, KeySet
 from joserfc.jwt import JWTClaimsRegistry
 
 from stoa_cp import jwks
-from stoa_cp.auth import digest
+from stoa_cp.auth import bearer, digest
 from stoa_cp.settings import Settings
 
 log = logging.getLogger("stoa_cp.principal")
@@ -121,11 +121,8 @@ class Authenticator:
         }
 
     async def principal(self, authorization: str | None) -> Principal:
-        if not authorization:
-            raise Refused(401, "a Bearer token is required", False)
-        scheme, _, token = authorization.strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        token = bearer(authorization)
+        if not token:
             raise Refused(401, "a Bearer token is required", False)
         if len(token) > MAX_TOKEN_CHARS:
             raise Refused(401, "the bearer token is too long", True)

@@ -62,7 +62,7 @@ def test_a_signing_key_file_must_be_an_unencrypted_ed25519_pem(tmp_path: Path) -
     ):
         with pytest.raises(SigningKeyError) as refused:
             public_jwk(tmp_path / name)
-        assert str(refused.value) == f"{tmp_path / name} {said}"
+        assert str(refused.value) == f"signing key {tmp_path / name} {said}"
 
 
 def tool_fields(api_id: str, **fields) -> dict:

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 from stoa_ops import logs, site_settings
+from stoa_translate import jwks as keysets
 
-from stoa_authz.envelope import Envelope, SigningKeyError, load_signing_key, write_ephemeral_key
+from stoa_authz.envelope import Envelope, write_ephemeral_key
 from stoa_authz.serve import serve
 from stoa_authz.settings import Settings, check
 
@@ -39,12 +40,12 @@ def main() -> int:
         settings.signing_key_file = ephemeral
         log.warning("STOA_AUTHZ_SIGNING_KEY_FILE not set: using an ephemeral identity signing key")
     try:
-        key = load_signing_key(settings.signing_key_file)
+        key = keysets.read_signing_key(settings.signing_key_file)
         if settings.workers > 1:
             return _supervise(settings)
         asyncio.run(serve(settings, Envelope(key, settings.identity_issuer)))
         return 0
-    except SigningKeyError as exc:
+    except keysets.SigningKeyError as exc:
         return _refuse(str(exc))
     except OSError as exc:
         return _refuse(f"cannot start: {exc}")

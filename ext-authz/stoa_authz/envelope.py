@@ -3,38 +3,18 @@ valid for 60 s, whose public key is published at `/.well-known/jwks.json`."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from joserfc.errors import SecurityWarning
 from joserfc.jwk import OKPKey
 from stoa_translate import jwks as keysets
 
 LIFETIME_S = 60
-# "EdDSA" is what upstream verifiers understand today; joserfc warns it is superseded by RFC 9864.
-warnings.filterwarnings("ignore", message="EdDSA is deprecated", category=SecurityWarning)
-
-
-class SigningKeyError(Exception):
-    pass
-
-
-def load_signing_key(path: Path) -> OKPKey:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SigningKeyError(f"cannot read signing key {path}: {exc.strerror}") from exc
-    try:
-        return keysets.signing_key(data)
-    except ValueError as exc:
-        raise SigningKeyError(f"signing key {path} {exc}") from exc
 
 
 def write_ephemeral_key(directory: str | None = None) -> Path:
@@ -44,10 +24,6 @@ def write_ephemeral_key(directory: str | None = None) -> Path:
     with os.fdopen(fd, "wb") as handle:
         handle.write(pem)
     return Path(name)
-
-
-def _b64url(data: bytes) -> bytes:
-    return base64.urlsafe_b64encode(data).rstrip(b"=")
 
 
 class Envelope:
@@ -60,8 +36,7 @@ class Envelope:
         self._issuer = issuer
         self._clock = clock
         self.kid = key.thumbprint()
-        header = {"alg": "EdDSA", "typ": "JWT", "kid": self.kid}
-        self._header_segment = _b64url(json.dumps(header, separators=(",", ":")).encode()) + b"."
+        self._header_segment = keysets.header_segment(self.kid, "JWT")
         self.jwks = json.dumps({"keys": [keysets.signing_jwk(key)]}).encode()
 
     def claims_prefix(
@@ -92,5 +67,4 @@ class Envelope:
         payload = (
             f'{claims_prefix}"request_id":{json.dumps(request_id)},"iat":{now},"exp":{now + LIFETIME_S}}}'
         )
-        signing_input = self._header_segment + _b64url(payload.encode())
-        return (signing_input + b"." + _b64url(self._signer.sign(signing_input))).decode("ascii")
+        return keysets.sign_compact(self._signer, self._header_segment, payload.encode())

@@ -1,5 +1,6 @@
-"""The ADS client against an in-process ADS server (plain gRPC): subscribe, ACK, NACK with the
-previous set kept, version pinning while the next set rolls out, and resubscribe after a restart."""
+"""The ADS client over state of the world against an in-process ADS server (plain gRPC): subscribe,
+ACK, NACK with the previous set kept, version pinning while the next set rolls out, and resubscribe
+after a restart (delta xDS: `ops/tests/test_ops_policy_sets.py` and the Link's ADS tests)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ async def next_request(fake: FakeAds):
 async def subscription(port: int) -> AsyncIterator[PolicyStore]:
     """A subscription to the server on `port`, running until the block ends."""
     store = PolicyStore()
-    task = asyncio.ensure_future(subscribe(f"127.0.0.1:{port}", store).run())
+    task = asyncio.ensure_future(subscribe(f"127.0.0.1:{port}", store, delta=False).run())
     try:
         yield store
     finally:
@@ -129,6 +130,24 @@ async def test_ack_nack_and_pinning(ads, idp, policy, req):
     )
     # An entry of no accepted set (v2 was refused; this one was never sent): not decidable.
     assert decider.decide(req(headers, version="0123456789abcdef")).denied_response.status.code == 503
+
+
+async def test_a_server_without_delta_xds_is_subscribed_to_over_state_of_the_world(idp, policy) -> None:
+    server, fake, port = await start_server()  # state of the world only: delta is UNIMPLEMENTED
+    store = PolicyStore()
+    task = asyncio.ensure_future(subscribe(f"127.0.0.1:{port}", store).run())
+    try:
+        first = await next_request(fake)
+        assert (first.type_url, first.response_nonce) == (TYPE_URL, "")
+        await fake.outgoing.put(response(policy(idp, "v1"), "snap-1", "n1"))
+        ack = await next_request(fake)
+        assert (ack.response_nonce, ack.version_info, ack.HasField("error_detail")) == ("n1", "snap-1", False)
+        assert store.versions()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await server.stop(grace=0)
 
 
 async def test_empty_or_foreign_response_is_nacked(ads, idp, policy):

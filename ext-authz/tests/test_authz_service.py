@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from joserfc import jws
 from joserfc.jwk import import_key
 from stoa_authz.ads import TYPE_URL
+from stoa_harness.one_set_ads import delta_of
 from stoa_harness.ports import free_port
 from stoa_harness.processes import stop_group
 from stoa_harness.wait import wait_until_async
@@ -44,7 +45,8 @@ class PushAds(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def acked_nodes(self) -> set[str]:
         return {r.node.id for r in self.requests if r.response_nonce and not r.HasField("error_detail")}
 
-    async def StreamAggregatedResources(self, request_iterator, context):
+    async def DeltaAggregatedResources(self, request_iterator, context):
+        # The service subscribes over delta xDS: each push carries the complete set.
         queue: asyncio.Queue = asyncio.Queue()
         self._streams.append(queue)
 
@@ -57,7 +59,7 @@ class PushAds(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             queue.put_nowait(self.response)
         try:
             while True:
-                yield await queue.get()
+                yield delta_of(await queue.get())
         finally:
             reader.cancel()
             self._streams.remove(queue)

@@ -6,7 +6,8 @@ PostgreSQL) only while it fits in the window's budget: a parallel burst can neve
 the budget. The response settles it from `usage.total_tokens` (a buffered JSON answer, or the final
 chunk of a server-sent event stream with `stream_options.include_usage`); a missing, negative or
 malformed usage, an answer that never completes, or a client that goes away mid-stream leaves the
-reservation charged whole.
+reservation charged whole; a request the service never let through (its stream ended while the
+store was reserving) gives it back.
 
 Counts are per consumer (the id the authorization service set, `x-stoa-consumer-id`; a request
 without one is refused) or per tenant, under the policy id, so every route of one policy shares them.

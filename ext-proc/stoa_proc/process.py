@@ -17,6 +17,7 @@ thread, so the event loop keeps serving every other stream meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -210,6 +211,13 @@ class Exchange:
         used = self.usage.total if self.usage is not None else self.used
         if used is not None:
             self.budgets.settle(self.reservation, used)
+
+    def release(self) -> None:
+        """Give the reservation back whole (once): for a request that never went upstream."""
+        if self.settled or self.reservation is None or self.budgets is None:
+            return
+        self.settled = True
+        self.budgets.settle(self.reservation, 0)
 
     def response_headers(self, message: HttpHeaders) -> ProcessingResponse:
         headers = _headers(message, _RESPONSE_HEADERS)
@@ -432,12 +440,17 @@ class ProcessingService(external_processor_pb2_grpc.ExternalProcessorServicer):
         # An exchange that may wait on the quota store is handled off the event loop.
         blocking = exchange.budget is not None
         phase = ""
+        # A message being handled on its worker thread, until its answer is yielded to Envoy.
+        pending: asyncio.Future[ProcessingResponse] | None = None
         try:
             async for request in request_iterator:
                 phase = request.WhichOneof("request") or ""
                 try:
                     if blocking:
-                        response = await asyncio.to_thread(exchange.handle, request)
+                        pending = asyncio.ensure_future(asyncio.to_thread(exchange.handle, request))
+                        # Shielded: the stream reset meanwhile must not lose what the thread does.
+                        response = await asyncio.shield(pending)
+                        pending = None
                     else:
                         response = exchange.handle(request)
                 except Deny as deny:
@@ -452,6 +465,15 @@ class ProcessingService(external_processor_pb2_grpc.ExternalProcessorServicer):
                 yield response
         finally:
             try:
+                if pending is not None:
+                    # The stream ended (Envoy's message timeout, the client gone) or was refused
+                    # while a message was handled: its thread is waited for, never raced by the
+                    # settlement below. A request's answer never let it through, so it never went
+                    # upstream: what the store reserved for it is given back.
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(pending)
+                    if phase in ("request_headers", "request_body"):
+                        await asyncio.shield(asyncio.to_thread(exchange.release))
                 if blocking and not exchange.settled:
                     # Ended before the response was complete (the client went away mid-stream): a
                     # usage already reported is charged, otherwise the reservation stands whole. The

@@ -3,11 +3,21 @@ usage found across chunk boundaries, and the failure modes of billed and non-bil
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+
 import pytest
+from envoy.service.ext_proc.v3.external_processor_pb2 import HttpBody, HttpHeaders, ProcessingRequest
 from stoa_proc.budget import Budget, Budgets, StreamUsage, compile_budget, requested, usage_of
+from stoa_proc.log import DecisionLog
+from stoa_proc.policy import PolicyStore, compile_policy_set
+from stoa_proc.process import ProcessingService
 from stoa_proc.reasons import Deny, Reason
 from stoa_proc.rules import PolicyError
 from stoa_proto import proc_pb2
+from stoa_proto.processing import ROUTE_METADATA, VERSION_METADATA
 from stoa_quota import Outcome, QuotaUnavailable, Reservation, Window
 
 BUDGET = Budget("p", tokens=100, window_seconds=60, billed=True, per="tenant", default_max_tokens=16)
@@ -119,3 +129,61 @@ def test_store_unreachable_billed_at_once_non_billed_after_the_degraded_time() -
     with pytest.raises(Deny) as none:
         Budgets(None, degraded_s=5).reserve(lax, "k", 10)
     assert none.value.reason is Reason.QUOTA_UNAVAILABLE
+
+
+class HeldCounter:
+    """A store whose reservations wait until the test lets them go; what was charged, by key."""
+
+    def __init__(self) -> None:
+        self.reserving = threading.Event()
+        self.go = threading.Event()
+        self.charged: dict[str, int] = {}
+        self.settled = threading.Event()
+
+    def reserve(self, key: str, amount: int, limit: int, window_seconds: int) -> Reservation:
+        self.reserving.set()
+        self.go.wait(10)
+        self.charged[key] = self.charged.get(key, 0) + amount
+        return Reservation(key, amount, Outcome(True, limit, limit - amount, Window(window_seconds, 1, 7.2)))
+
+    def settle(self, reservation: Reservation, used: int) -> None:
+        self.charged[reservation.key] += used - reservation.amount
+        self.settled.set()
+
+
+class Context:
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((ROUTE_METADATA, "chat"), (VERSION_METADATA, "v1"))
+
+
+async def test_a_reservation_made_after_its_stream_ended_lets_nothing_through_and_is_released() -> None:
+    # Envoy resets the stream (its message timeout, or the client gone) while the store is still
+    # reserving: the answer never reaches Envoy, the request never goes upstream, and what the store
+    # then reserves is given back, not charged for the window.
+    policies = proc_pb2.ProcPolicySet(name="default", version="v1")
+    policies.routes.add(route_id="chat", tenant_id="acme", api_id="chat", token_budget=_rule(billed=True))
+    store = PolicyStore()
+    store.add(compile_policy_set(policies, 4096))
+    counter = HeldCounter()
+    decisions = DecisionLog()
+    service = ProcessingService(store, decisions, 20, 4096, Budgets(counter, degraded_s=5))  # type: ignore[arg-type]
+
+    async def messages() -> AsyncIterator[ProcessingRequest]:
+        yield ProcessingRequest(request_headers=HttpHeaders())
+        yield ProcessingRequest(request_body=HttpBody(body=b'{"max_tokens": 40}', end_of_stream=True))
+        await asyncio.Event().wait()  # the stream stays open until Envoy resets it
+
+    async def run() -> None:
+        async for _ in service.Process(messages(), Context()):  # type: ignore[arg-type]
+            pass
+
+    stream = asyncio.create_task(run())
+    assert await asyncio.to_thread(counter.reserving.wait, 5)
+    stream.cancel()
+    await asyncio.sleep(0)
+    counter.go.set()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait_for(stream, 5)
+    assert await asyncio.to_thread(counter.settled.wait, 5), "the late reservation stands"
+    assert counter.charged == {"token_budget/acme/p/tenant": 0}
+    decisions.close()

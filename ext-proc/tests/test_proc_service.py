@@ -324,7 +324,7 @@ async def test_ads_acks_a_usable_set_and_nacks_a_bad_pattern() -> None:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     store = PolicyStore()
-    task = asyncio.create_task(subscribe(f"127.0.0.1:{port}", store, LIMIT).run())
+    task = asyncio.create_task(subscribe(f"127.0.0.1:{port}", store, LIMIT, delta=False).run())
     try:
         first = await asyncio.wait_for(ads.requests.get(), 10)
         assert (first.type_url, first.version_info) == (TYPE_URL, "")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
+from stoa_cp.auth import bearer
 from stoa_proto import INVENTORY_SCHEMA_VERSION, inventory_pb2
 from stoa_proto.inventory_delta import diff
 
@@ -87,11 +88,17 @@ class ScriptedCP(ServedByThread):
         self._broadcast(self._event(inventory))
 
     def push_delta(
-        self, inventory: inventory_pb2.Inventory, *, base: int | None = None, corrupt: bool = False
+        self,
+        inventory: inventory_pb2.Inventory,
+        *,
+        base: int | None = None,
+        corrupt: bool = False,
+        data: str | None = None,
     ) -> None:
         """Serve `inventory` from /config and send the delta to it from the current one as a `delta`
-        event: labelled with another `base` generation (a gap), or `corrupt`ed (an element changed
-        after hashing: the Link's hash check fails) when the test asks."""
+        event: labelled with another `base` generation (a gap), `corrupt`ed (an element changed
+        after hashing: the Link's hash check fails), or with `data` instead of the delta, when the
+        test asks."""
         inventory = _with_schema(inventory)
         with self._lock:
             delta = diff(_with_schema(self._current), inventory)
@@ -100,7 +107,8 @@ class ScriptedCP(ServedByThread):
             delta.base_generation = base
         if corrupt:
             delta.routes[0].upstream_url += "/not-what-was-hashed"
-        data = json_format.MessageToJson(delta, preserving_proto_field_name=True, indent=None)
+        if data is None:
+            data = json_format.MessageToJson(delta, preserving_proto_field_name=True, indent=None)
         self._broadcast(f"event: delta\nid: {inventory.generation}\ndata: {data}\n\n")
 
     def config_fetches(self) -> int:
@@ -150,9 +158,9 @@ class ScriptedCP(ServedByThread):
             return
         gateway_id, endpoint = parts[2], parts[3]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        # The scheme is part of the contract: a bare credential is refused like a wrong one.
-        authorization = headers.get("authorization", "")
-        if not hmac.compare_digest(authorization.encode(), f"Bearer {self.credential}".encode()):
+        # The CP's own reading of the header: a bare credential is refused like a wrong one.
+        credential = bearer(headers.get("authorization"))
+        if not credential or not hmac.compare_digest(credential.encode(), self.credential.encode()):
             await _reply(send, 401, {"title": "Unauthorized"})
             return
         if gateway_id != self.gateway_id:

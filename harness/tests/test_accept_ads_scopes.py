@@ -5,6 +5,8 @@ acknowledged configuration keeps serving."""
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Iterator
 
 import httpx
@@ -14,6 +16,7 @@ from envoy.type.matcher.v3 import regex_pb2
 from google.protobuf import json_format
 from stoa_harness.ads_site import GATEWAY, AdsSite
 from stoa_harness.upstream import EchoUpstream
+from stoa_harness.wait import wait_until
 from stoa_harness.witness import CheckWitness
 from stoa_proto import inventory_pb2
 from stoa_translate import TranslateOptions, Translator
@@ -33,17 +36,20 @@ class ScopedSite:
             )
         )
 
-    def snapshot(self, generation: int, apis: dict[str, list[str]]) -> Snapshot:
+    def snapshot(
+        self, generation: int, apis: dict[str, list[str]], unkeyed: tuple[str, ...] = ()
+    ) -> Snapshot:
+        """`apis` under `/apis/<api>`, and `unkeyed` APIs under `/<api>` (no scope key)."""
         routes = [
             {
                 "route_id": api,
                 "tenant_id": "t",
                 "api_id": api,
-                "path_prefix": f"/apis/{api}",
+                "path_prefix": f"/{api}" if api in unkeyed else f"/apis/{api}",
                 "methods": methods,
                 "upstream_url": f"http://127.0.0.1:{self.upstream.port}",
             }
-            for api, methods in apis.items()
+            for api, methods in {**apis, **{api: ["GET"] for api in unkeyed}}.items()
         ]
         doc = {"gateway_id": GATEWAY, "generation": str(generation), "routes": routes}
         return self.translator.translate(json_format.ParseDict(doc, inventory_pb2.Inventory()))
@@ -119,3 +125,57 @@ def _broken(table: route_pb2.RouteConfiguration, route_id: str) -> route_pb2.Rou
         bad.match.safe_regex.CopyFrom(regex_pb2.RegexMatcher(regex="/broken("))
         bad.direct_response.status = 200
     return copy
+
+
+@pytest.fixture
+def fresh_scoped(tmp_path_factory: pytest.TempPathFactory, upstream: EchoUpstream) -> Iterator[ScopedSite]:
+    """A delta site whose Envoy holds no listener replaced before (none draining)."""
+    with CheckWitness() as witness:
+        site = AdsSite(tmp_path_factory.mktemp("ads-switch"), xds="delta")
+        try:
+            yield ScopedSite(site, upstream, witness)
+        finally:
+            site.close()
+
+
+def test_new_connections_are_served_throughout_a_switch_of_the_routing(fresh_scoped: ScopedSite) -> None:
+    """An API whose prefix gives no scope key takes the gateway to one table and its removal back to
+    scopes: each switch replaces the listener, and the one it replaces keeps accepting connections
+    until the new one is warm. Neither may meet a routing the switch already took away; nor may the
+    switch back meet the one table as the listener of the first switch, still draining, holds it
+    (closed): Envoy shares a table by name between listeners."""
+    scoped = fresh_scoped
+    apis = {f"a{i:04d}": ["GET"] for i in range(1000)}
+    one_table = scoped.snapshot(10, apis, unkeyed=("catchall",))
+    assert not one_table.of(SCOPED_ROUTE)
+    assert scoped.apply(10, one_table).status == inventory_pb2.SYNCED
+    to_scopes = scoped.snapshot(11, apis)
+    assert to_scopes.of(SCOPED_ROUTE)
+    assert set(_answers_during(scoped, 11, to_scopes)) == {200}
+    back = scoped.snapshot(12, apis, unkeyed=("catchall",))
+    assert set(_answers_during(scoped, 12, back)) == {200}
+    assert scoped.status("/catchall/x") == 200
+
+
+def _answers_during(scoped: ScopedSite, generation: int, snapshot: Snapshot) -> Counter[int]:
+    """The statuses of requests on new connections, one after another, while `snapshot` is applied
+    (synced), up to a request sent after it."""
+    url = f"http://127.0.0.1:{scoped.site.listener_port}/apis/a0007/x"
+    answers: Counter[int] = Counter()
+    stop = threading.Event()
+
+    def new_connections() -> None:
+        while not stop.is_set():
+            answers[httpx.get(url, headers={"connection": "close"}, timeout=5).status_code] += 1
+
+    thread = threading.Thread(target=new_connections)
+    thread.start()
+    try:
+        wait_until(lambda: answers[200] > 0, 10, "requests through the gateway")
+        assert scoped.apply(generation, snapshot).status == inventory_pb2.SYNCED
+        seen = sum(answers.values())
+        wait_until(lambda: sum(answers.values()) > seen, 10, "a request after the switch")
+    finally:
+        stop.set()
+        thread.join()
+    return answers

@@ -94,6 +94,22 @@ def test_a_corrupted_delta_is_healed_by_the_complete_inventory(delta_site: Delta
     }
 
 
+def test_a_delta_that_cannot_be_read_is_healed_by_the_complete_inventory(delta_site: DeltaSite) -> None:
+    link = delta_site.site.link
+    assert link is not None
+    fetches = delta_site.cp.config_fetches()
+    # Valid JSON that no delta can hold (a string with an unpaired surrogate): the Link fetches the
+    # complete inventory and keeps following the stream.
+    broken = '{"schema_version": 2, "generation": "99", "routes": [{"route_id": "\\ud800"}]}'
+    delta_site.send(delta_site.next(add="d7"), data=broken)
+    assert delta_site.served("d7")["path"] == "/d7/x"
+    assert delta_site.cp.config_fetches() == fetches + 1
+    assert link.running
+    delta_site.send(delta_site.next(add="d8"))
+    assert delta_site.served("d8")["path"] == "/d8/x"
+    assert delta_site.cp.config_fetches() == fetches + 1
+
+
 def test_a_gap_in_generations_is_healed_by_the_complete_inventory(delta_site: DeltaSite) -> None:
     fetches = delta_site.cp.config_fetches()
     # A delta from a generation the Link never saw (the one before was lost).
@@ -121,3 +137,22 @@ def test_a_restarted_link_fetches_the_complete_inventory_then_follows_deltas(del
     assert delta_site.served("d6")["path"] == "/d6/x"
     assert delta_site.served("d1")["path"] == "/d1/x"
     assert delta_site.cp.config_fetches() == fetches + 1
+
+
+def test_a_link_restarted_over_changes_sends_envoy_only_what_is_served_now(delta_site: DeltaSite) -> None:
+    """Envoy reconnects to the restarted Link with the versions it holds: a route removed and one added
+    while the Link was down are, after it, 404 and served, and the kept ones still served."""
+    link = delta_site.site.link
+    assert link is not None
+    delta_site.send(delta_site.next(add="d9"))
+    assert delta_site.served("d9")["path"] == "/d9/x"
+    link.stop()
+    changed = delta_site.next(add="d10", remove="d9")
+    delta_site.cp.push(changed)  # what the CP serves while the Link is away
+    delta_site.current = changed
+    mark = len(delta_site.cp.reports())
+    link.start()
+    delta_site.cp.wait_report(changed.generation, "SYNCED", after=mark)
+    wait_until(lambda: delta_site.served("d10")["path"] == "/d10/x", 10, "route d10 served")
+    assert delta_site.client.get(f"{delta_site.site.gateway_url}/apis/d9/x").status_code == 404
+    assert delta_site.served("d1")["path"] == "/d1/x"

@@ -490,21 +490,24 @@ def test_unauthenticated_callers_are_told_where_the_resource_metadata_is(
     }
 
 
-def test_a_session_belongs_to_the_caller_that_opened_it(estate: Estate, idp: DevIdentityProvider) -> None:
-    """Every stream of a session answers with one caller's decision: another caller naming the
-    session's id is answered as for an unknown session, whatever it may call itself."""
+def mcp_post(
+    estate: Estate, token: str, message: dict[str, Any], session: dict[str, str] | None = None
+) -> httpx.Response:
+    """One JSON-RPC message POSTed to the acme MCP route as is, in a session when given its headers."""
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "authorization": f"Bearer {token}",
+        **(session or {}),
+    }
+    return httpx.post(estate.url(ACME_MCP), headers=headers, json=message, timeout=5)
 
-    def post(token: str, message: dict[str, Any], session: dict[str, str] | None = None) -> httpx.Response:
-        headers = {
-            "accept": "application/json, text/event-stream",
-            "content-type": "application/json",
-            "authorization": f"Bearer {token}",
-            **(session or {}),
-        }
-        return httpx.post(estate.url(ACME_MCP), headers=headers, json=message, timeout=5)
 
-    opened = post(
-        reader(idp),
+def open_session(estate: Estate, token: str) -> dict[str, str]:
+    """A new session's headers."""
+    opened = mcp_post(
+        estate,
+        token,
         {
             "jsonrpc": "2.0",
             "id": 1,
@@ -517,13 +520,48 @@ def test_a_session_belongs_to_the_caller_that_opened_it(estate: Estate, idp: Dev
         },
     )
     assert opened.status_code == 200
-    session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
-    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
-    hijack = post(idp.mint(tenant=TENANT, scope="tools:read", sub="mallory"), listing, session)
+    return {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+
+
+LISTING = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+
+
+def test_a_session_belongs_to_the_caller_that_opened_it(estate: Estate, idp: DevIdentityProvider) -> None:
+    """Every stream of a session answers with one caller's decision: another caller naming the
+    session's id is answered as for an unknown session, whatever it may call itself."""
+    session = open_session(estate, reader(idp))
+    hijack = mcp_post(estate, idp.mint(tenant=TENANT, scope="tools:read", sub="mallory"), LISTING, session)
     assert hijack.status_code == 404
-    own = post(reader(idp), listing, session)
+    own = mcp_post(estate, reader(idp), LISTING, session)
     assert own.status_code == 200
     assert [t["name"] for t in own.json()["result"]["tools"]] == ["get_order"]
+
+
+def test_a_session_opened_before_a_restart_is_unknown_after_it(
+    estate: Estate, idp: DevIdentityProvider
+) -> None:
+    """A restarted module holds no session: the old one's id is answered as unknown (its client opens
+    a new one), no call on it reaches the API, and a new session works once the module is ready."""
+    token = reader(idp)
+    session = open_session(estate, token)
+    estate.upstream.clear()
+    estate.mcp.stop()
+    estate.mcp.start()
+    wait_until(lambda: ready(estate), 15, "the module ready again")
+    calling = {
+        "jsonrpc": "2.0",
+        "id": 3,
+        "method": "tools/call",
+        "params": {"name": "get_order", "arguments": {"id": "1"}},
+    }
+    stale = mcp_post(estate, token, calling, session)
+    assert stale.status_code == 404
+    assert stale.json()["error"]["message"] == "Session not found"
+    assert estate.upstream.arrivals() == []
+    fresh = mcp_post(estate, token, calling, open_session(estate, token))
+    assert fresh.status_code == 200
+    assert fresh.json()["result"]["isError"] is False
+    assert len(estate.upstream.arrivals()) == 1
 
 
 def test_a_budget_counts_calls_per_consumer_and_is_exhausted(

@@ -14,9 +14,11 @@ import http.client
 import json
 from collections.abc import Callable, Iterator
 
+import httpx
 import pytest
 from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.idp import DevIdentityProvider
+from stoa_proto.bodies import DENY_BODIES
 
 AUDIENCE = "stoa-open-connections"
 TENANT = "demo"
@@ -163,3 +165,58 @@ def test_an_issuer_removed_is_refused_on_a_connection_opened_while_it_was_truste
             assert connection.request("GET", "/apis/vault/x", headers=kept_token)[0] == 200
         finally:
             connection.close()
+
+
+@pytest.fixture(scope="module")
+def scoped_gateway(estates: Callable[..., Estate]) -> Estate:
+    """Routes by scope (delta xDS), the listener replaced whenever the routing switches."""
+    return estates(
+        EstateOptions(link_env={"STOA_LINK_XDS": "delta"}, envoy_drain_time_s=DRAIN_TIME_S),
+        "estate-open-connections-scoped",
+    )
+
+
+def test_policies_apply_on_a_connection_opened_before_the_routing_switched(scoped_gateway: Estate) -> None:
+    """An API whose prefix cannot be keyed puts the gateway's routes in one table, so the listener
+    names that table instead of the scopes, and its removal switches back: a connection opened
+    before either switch is still read by the listener that accepted it."""
+    gateway, admin = scoped_gateway, scoped_gateway.admin
+    open_auth = {"mode": "none", "scopes": []}
+    gateway.publish("before", tenant_id=TENANT, auth=open_auth)
+    admin.wait_synced()
+    on_scopes = Connection(gateway)
+    try:
+        assert on_scopes.request("GET", "/apis/before/x")[0] == 200
+        gateway.publish("catchall", tenant_id=TENANT, auth=open_auth, path_prefix="/catchall")
+        admin.wait_synced()
+        assert routing(gateway) == "one table"
+        on_one_table = Connection(gateway)
+        assert on_one_table.request("GET", "/catchall/x")[0] == 200
+        fence = {"mode": "deny", "ip_list": ["127.0.0.0/8"]}
+        admin.add_policy("fence", "ip_filter", fence, tenant_id=TENANT, targets=["before"])
+        admin.wait_synced()
+        # The scopes that connection's listener read are gone: Envoy answers 404 there.
+        assert on_scopes.request("GET", "/apis/before/x")[0] == 404
+        assert Connection(gateway).request("GET", "/apis/before/x")[0] == 403
+        admin.undeploy("catchall")
+        gateway.publish("after", tenant_id=TENANT, auth=open_auth)
+        admin.wait_synced()
+        assert routing(gateway) == "scoped"
+        # The one table as that connection knew it held both; it must keep neither of them.
+        for path in ("/catchall/x", "/apis/before/x"):
+            status, content = on_one_table.request("GET", path)
+            assert status == 503, f"{path}: a connection opened on the one table was served by it as it was"
+            assert json.loads(content) == json.loads(DENY_BODIES[503])
+        fresh = Connection(gateway)
+        assert fresh.request("GET", "/catchall/x")[0] == 404
+        assert fresh.request("GET", "/apis/before/x")[0] == 403
+        assert fresh.request("GET", "/apis/after/x")[0] == 200
+        fresh.close()
+    finally:
+        on_scopes.close()
+
+
+def routing(estate: Estate) -> str:
+    """How the Link routes: "scoped" or "one table" (its readiness says)."""
+    assert estate.site is not None
+    return httpx.get(f"{estate.site.link_http_url}/health/ready", timeout=5).json()["routing"]

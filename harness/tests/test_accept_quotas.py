@@ -1,7 +1,8 @@
 """Quotas through a real Envoy and the real `stoa-authz`, counted in a PostgreSQL of their own that
 the tests stop: a billed plan is exact under a concurrent burst and fails closed (503) without its
 database; a non-billed plan degrades within its overshoot and time, then denies; 429 carries
-Retry-After from the window's reset and the RateLimit fields."""
+Retry-After from the window's reset and the RateLimit fields. A billed token budget (the processing
+service) counted in the same store: 503 without it, a reservation standing whole, counting again."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from stoa_harness.estate import Estate, EstateOptions
 from stoa_harness.postgres import EmbeddedPostgres
 from stoa_harness.wait import wait_until
 from stoa_proto.bodies import DENY_BODIES
+from stoa_quota import QuotaStore, TokenCounter
 
 TENANT = "metered"
 PATH = "/apis/meter/items"
@@ -30,20 +32,38 @@ def quota_pg() -> Iterator[EmbeddedPostgres]:
 
 @pytest.fixture(scope="module")
 def estate(quota_pg: EmbeddedPostgres, estates: Callable[..., Estate]) -> Estate:
+    quotas = quota_pg.create_database("quotas")
     options = EstateOptions(
         authz="service",
         authz_env={
             "STOA_AUTHZ_AUDIENCE": "stoa-quotas",
-            "STOA_AUTHZ_DATABASE_URL": quota_pg.create_database("quotas"),
+            "STOA_AUTHZ_DATABASE_URL": quotas,
             "STOA_AUTHZ_QUOTA_DEGRADED_OVERSHOOT": str(OVERSHOOT),
             "STOA_AUTHZ_QUOTA_DEGRADED_MAX_S": str(DEGRADED_MAX_S),
             "STOA_AUTHZ_QUOTA_TIMEOUT_S": "0.3",
         },
+        # Token budgets counted in the same stoppable store.
+        proc=True,
+        proc_env={"STOA_PROC_DATABASE_URL": quotas},
     )
     running = estates(options, "estate-quotas")
     admin = running.admin
     admin.create_tenant(TENANT, exist_ok=True)
     running.publish("meter", tenant_id=TENANT, auth={"mode": "api_key"})
+    running.publish(
+        "tokens",
+        tenant_id=TENANT,
+        upstream_url=f"{running.llm.url}/v1",
+        methods=["POST"],
+        auth={"mode": "none"},
+    )
+    admin.add_policy(
+        "tokens-budget",
+        "token_budget",
+        {"tokens": 10_000, "windowSeconds": 3600, "billed": True, "per": "tenant"},
+        tenant_id=TENANT,
+        targets=["tokens"],
+    )
     plans = {"burst": (10, 300, True), "pair": (2, 60, True), "free": (1000, 60, False)}
     for plan_id, (requests, window_seconds, billed) in plans.items():
         admin.create_plan(
@@ -143,3 +163,52 @@ def test_postgres_stopped_billed_503_non_billed_bounded_then_denied(
         quota_pg.resume()
     wait_until(lambda: get(estate, billed).status_code == 200, 10, "billed counting again")
     wait_until(lambda: get(estate, spare).status_code == 200, 10, "non-billed counting again")
+
+
+def test_a_token_budget_without_its_store_is_503_then_counts_again_and_charges_once(
+    estate: Estate, quota_pg: EmbeddedPostgres
+) -> None:
+    """A reservation made before the store went down and settled while it is down stands whole (never
+    less, never twice); meanwhile a billed budget lets nothing reach the model; once the store is
+    back, counting resumes by itself."""
+
+    def ask(max_tokens: int) -> httpx.Response:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
+        return estate.gateway.post(estate.url("/apis/tokens/chat/completions"), json=body)
+
+    def used() -> int:
+        store = QuotaStore(quota_pg.dsn_for("quotas")).open()
+        try:
+            return TokenCounter(store).used(f"token_budget/{TENANT}/tokens-budget/tenant", 3600)
+        finally:
+            store.close()
+
+    def counted() -> httpx.Response | None:
+        answer = ask(30)
+        return answer if answer.status_code == 200 else None
+
+    # Counting (an earlier test restarted the store: a first reservation may find its connection lost).
+    wait_until(counted, 10, "token budgets counting")
+    before = used()
+    estate.llm.clear()
+    estate.llm.script(["slow"], pause_s=2.5)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(ask, 40)
+        wait_until(lambda: len(estate.llm.requests()) == 1, 10, "the model got the reserved request")
+        quota_pg.stop_server()
+        try:
+            assert not pending.done(), "answered before the store was down: nothing to test"
+            answered = pending.result(timeout=15)
+            assert answered.status_code == 200  # the answer is the client's; its settlement failed
+            estate.llm.script(["never"])
+            refused = ask(40)
+            assert (refused.status_code, refused.content) == (503, DENY_BODIES[503])
+            assert len(estate.llm.requests()) == 1, "a request reached the model uncounted"
+        finally:
+            quota_pg.resume()
+    estate.llm.script(["again"])
+    healed = wait_until(counted, 10, "token budgets counting again")
+    # The first request's 40 reserved stand (its usage was never settled), the one answered afterwards
+    # is charged its usage: nothing twice, nothing left reserved.
+    assert answered.json()["usage"]["total_tokens"] < 40
+    assert used() - before == 40 + healed.json()["usage"]["total_tokens"]

@@ -191,11 +191,19 @@ def _parse_reusing(text: str) -> inventory_pb2.Inventory:
 def parse_delta(text: str) -> inventory_pb2.InventoryDelta:
     """`json_format.Parse` of a delta event, its routes and tombstones built at C speed where written
     the way the CP writes them (as in `_parse_reusing`): a full publication is a delta of 10,000 routes.
-    Raises `json_format.ParseError` for what is not a delta."""
+    Raises `json_format.ParseError` for what is not a delta, whatever fails in it: valid JSON may still
+    be no delta (a string no protobuf string holds, a nesting too deep), and anything else escaping
+    here would end the Link's stream of the CP's events, not fetch the complete inventory."""
     try:
-        doc = json.loads(text, object_pairs_hook=_unique_keys)
-    except ValueError as exc:
-        raise json_format.ParseError(str(exc)) from exc
+        return _parse_delta(text)
+    except json_format.ParseError:
+        raise
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise json_format.ParseError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _parse_delta(text: str) -> inventory_pb2.InventoryDelta:
+    doc = json.loads(text, object_pairs_hook=_unique_keys)
     if not isinstance(doc, dict):
         return json_format.Parse(text, inventory_pb2.InventoryDelta())
     plain: dict[str, list[Message]] = {}

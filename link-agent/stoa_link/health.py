@@ -19,7 +19,8 @@ def routing(snapshot: Snapshot, unkeyed: tuple[str, ...]) -> dict[str, object]:
     or through one route table, with the routes whose prefix kept it there when scopes were asked for."""
     scopes = snapshot.of(SCOPED_ROUTE)
     if scopes:
-        return {"routing": "scoped", "scopes": len(scopes), "route_tables": len(snapshot.of(ROUTE))}
+        tables = len(snapshot.of(ROUTE)) - len(snapshot.on_request)  # not the one kept for older listeners
+        return {"routing": "scoped", "scopes": len(scopes), "route_tables": tables}
     return {"routing": "one table", **({"unkeyed_routes": list(unkeyed)} if unkeyed else {})}
 
 

@@ -3,6 +3,8 @@ hash; a gap, a mismatch or an unreadable delta answered by fetching the complete
 
 from __future__ import annotations
 
+import json
+
 import httpx
 from google.protobuf import json_format
 from stoa_link.cp_client import Backoff, Changed, CpClient
@@ -33,11 +35,37 @@ def delta_event(old: inventory_pb2.Inventory, new: inventory_pb2.Inventory, *, c
     return f"event: delta\nid: {new.generation}\ndata: {as_json(delta)}\n\n"
 
 
+async def follow(
+    configs: list[inventory_pb2.Inventory], stream: str, count: int
+) -> tuple[list[object], CpClient, int]:
+    """The first `count` deliveries of a client whose CP answers /config with `configs` in turn and
+    its event stream with `stream`; the (closed) client, and how many times /config was fetched."""
+    answers = iter(configs)
+    config_calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal config_calls
+        if request.url.path == "/v1/gateways/gw/config":
+            config_calls += 1
+            return httpx.Response(200, text=as_json(next(answers)))
+        assert request.url.params["deltas"] == "true"
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream.encode())
+
+    client = CpClient(
+        "http://cp", "gw", "secret", transport=httpx.MockTransport(handler), backoff=Backoff(0.001, 0.002)
+    )
+    deliveries: list[object] = []
+    async for delivery in client.deliveries():
+        deliveries.append(delivery)
+        if len(deliveries) == count:
+            break
+    await client.aclose()
+    return deliveries, client, config_calls
+
+
 async def test_deltas_apply_and_a_gap_a_mismatch_or_garbage_fetch_the_complete_inventory() -> None:
     v1, v2, v3 = inventory(1, "a"), inventory(2, "a", "b"), inventory(3, "b", "c")
     v4, v5, v6 = inventory(4, "c"), inventory(5, "c", "d"), inventory(6, "d")
-    configs = iter([v1, v3, v5, v6])
-    config_calls = 0
     stream = (
         delta_event(v1, v2)  # applies
         + delta_event(v1, v2)  # the same again: nothing
@@ -46,23 +74,7 @@ async def test_deltas_apply_and_a_gap_a_mismatch_or_garbage_fetch_the_complete_i
         + "event: delta\nid: 6\ndata: {not json\n\n"  # unreadable: GET /config (gives 6)
     )
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        nonlocal config_calls
-        if request.url.path == "/v1/gateways/gw/config":
-            config_calls += 1
-            return httpx.Response(200, text=as_json(next(configs)))
-        assert request.url.params["deltas"] == "true"
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream.encode())
-
-    client = CpClient(
-        "http://cp", "gw", "secret", transport=httpx.MockTransport(handler), backoff=Backoff(0.001, 0.002)
-    )
-    deliveries = []
-    async for delivery in client.deliveries():
-        deliveries.append(delivery)
-        if len(deliveries) == 5:
-            break
-    await client.aclose()
+    deliveries, client, config_calls = await follow([v1, v3, v5, v6], stream, 5)
     # A delta applied comes as what changed with the complete inventory it gives; a fetch as that inventory.
     assert [type(d).__name__ for d in deliveries] == [
         "Inventory",
@@ -75,3 +87,19 @@ async def test_deltas_apply_and_a_gap_a_mismatch_or_garbage_fetch_the_complete_i
     assert config_calls == 4
     assert client.refetches == {"mismatch": 1, "gap": 1, "unreadable": 1}
     assert client.last_event_id == 6
+
+
+async def test_a_delta_that_is_json_but_no_delta_is_unreadable_and_fetches_the_complete_inventory() -> None:
+    v1, v2 = inventory(1, "a"), inventory(2, "a", "b")
+    header = {"schema_version": INVENTORY_SCHEMA_VERSION, "gateway_id": "gw", "generation": "2"}
+    head = json.dumps({**header, "base_generation": "1"})[:-1]
+    unreadable = [
+        # Valid JSON, a string no protobuf string can hold (an unpaired surrogate).
+        head + ', "routes": [{"route_id": "\\ud800"}]}',
+        # Valid JSON nested deeper than any parser here follows.
+        head + ', "routes": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    ]
+    stream = "".join(f"event: delta\nid: 2\ndata: {data}\n\n" for data in unreadable)
+    deliveries, client, _ = await follow([v1, v2, v2], stream, 3)
+    assert deliveries == [v1, v2, v2]
+    assert client.refetches == {"unreadable": 2}

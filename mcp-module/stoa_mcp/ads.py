@@ -2,8 +2,8 @@
 the signed tool permissions (ToolPermissions). A refused registry or artifact is NACKed with the reason
 and what is in force stays.
 
-The stream itself (ACK/NACK like Envoy, reconnects with backoff) is `stoa_ops.policy_sets`, shared with
-the authorization and processing services.
+The stream itself (delta or state of the world, ACK/NACK like Envoy, reconnects with backoff) is
+`stoa_ops.policy_sets`, shared with the authorization and processing services.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import grpc
-from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
-from stoa_ops.policy_sets import PolicySubscription, the_resource
+from stoa_ops.policy_sets import PolicySubscription, ResourceSet, the_resource
 from stoa_proto import mcp_pb2
 
 from stoa_mcp.permissions import Permissions
@@ -28,14 +27,15 @@ def subscribe(
     on_registry: Callable[[Registry], None],
     credentials: grpc.ChannelCredentials | None = None,
     server_name: str = "",
+    delta: bool = True,
 ) -> PolicySubscription:
-    async def registry(response: DiscoveryResponse) -> Mapping[str, object]:
-        compiled = compile_policy_set(the_resource(response, POLICY_SET_TYPE, mcp_pb2.McpPolicySet))
+    async def registry(offered: ResourceSet) -> Mapping[str, object]:
+        compiled = compile_policy_set(the_resource(offered, POLICY_SET_TYPE, mcp_pb2.McpPolicySet))
         on_registry(compiled)
         return {"version": compiled.version, "routes": len(compiled.routes), "tools": len(compiled.tools)}
 
-    async def artifact(response: DiscoveryResponse) -> Mapping[str, object]:
-        resource = the_resource(response, PERMISSIONS_TYPE, mcp_pb2.ToolPermissions)
+    async def artifact(offered: ResourceSet) -> Mapping[str, object]:
+        resource = the_resource(offered, PERMISSIONS_TYPE, mcp_pb2.ToolPermissions)
         offered = permissions.offer(resource.jws)
         return {"seq": offered.claims.seq, "kid": offered.kid, "expires_at": offered.claims.exp}
 
@@ -45,4 +45,5 @@ def subscribe(
         resources={POLICY_SET_TYPE: registry, PERMISSIONS_TYPE: artifact},
         credentials=credentials,
         server_name=server_name,
+        delta=delta,
     )

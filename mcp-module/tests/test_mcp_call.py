@@ -150,3 +150,48 @@ async def test_a_path_argument_cannot_reach_another_path_of_the_api(serve) -> No
         "GET /orders/... HTTP/1.1",
         "GET /orders/v1.2 HTTP/1.1",
     ]
+
+
+class MidAnswer:
+    """A raw server that sends an answer's headers and part of its body, then `then`s: closes the
+    connection, or holds it open without another byte."""
+
+    def __init__(self, then: str) -> None:
+        self.then = then
+        self.requests = 0
+        self.port = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        self.requests += 1
+        writer.write(
+            b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{"ok":'
+        )
+        await writer.drain()
+        if self.then == "hang":
+            await asyncio.sleep(30)
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("then", "said"),
+    [("close", "the API could not be reached"), ("hang", "the API did not answer within 0.3 s")],
+)
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_an_answer_cut_or_stalled_mid_body_is_an_error_and_not_retried(
+    then: str, said: str, method: str
+) -> None:
+    upstream = MidAnswer(then)
+    server = await asyncio.start_server(upstream.handle, "127.0.0.1", 0)
+    upstream.port = server.sockets[0].getsockname()[1]
+    session = upstream_session()
+    try:
+        result = await asyncio.wait_for(
+            invoke(session, tool(upstream.port, method, timeout_ms=300), {"id": "1"}, "e", 5000), 5
+        )
+    finally:
+        await session.close()
+        server.close()
+    assert result.is_error
+    assert result.content[0].text == said
+    assert upstream.requests == 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from google.protobuf.message import Message
 
@@ -19,23 +20,42 @@ from stoa_proto import inventory_pb2
 
 MODULUS = 1 << 256
 
-# Each list of the inventory: its kind tag (in the digest) and the key of an element.
-IssuerKey = tuple[str, str]
-_KEYS: dict[str, Callable[[Message], object]] = {
-    "routes": lambda m: m.route_id,  # type: ignore[attr-defined]
-    "policies": lambda m: m.policy_id,  # type: ignore[attr-defined]
-    "tombstones": lambda m: m.route_id,  # type: ignore[attr-defined]
-    "issuers": lambda m: (m.tenant_id, m.issuer),  # type: ignore[attr-defined]
-    "tools": lambda m: (m.tenant_id, m.name),  # type: ignore[attr-defined]
-    "consumers": lambda m: (m.tenant_id, m.consumer_id),  # type: ignore[attr-defined]
-    "subscriptions": lambda m: (m.tenant_id, m.subscription_id),  # type: ignore[attr-defined]
-    "revoked_key_sha256": lambda digest: digest,  # a list of strings: each is its own key
+# Each list of the inventory and the fields keying one of its elements: one field, or the tenant and
+# one member (whose removal then names both, in a message of its own); none for a list of strings.
+_KEY_FIELDS: dict[str, tuple[str, ...]] = {
+    "routes": ("route_id",),
+    "policies": ("policy_id",),
+    "tombstones": ("route_id",),
+    "issuers": ("tenant_id", "issuer"),
+    "tools": ("tenant_id", "name"),
+    "consumers": ("tenant_id", "consumer_id"),
+    "subscriptions": ("tenant_id", "subscription_id"),
+    "revoked_key_sha256": (),  # each string is its own key
 }
-LISTS = tuple(_KEYS)
+LISTS = tuple(_KEY_FIELDS)
+_KEYS: dict[str, Callable[[Message], object]] = {
+    name: attrgetter(*fields) if fields else (lambda element: element) for name, fields in _KEY_FIELDS.items()
+}
 
 
 def key_of(name: str, element: Message) -> object:
     return _KEYS[name](element)
+
+
+def removed_keys(delta: inventory_pb2.InventoryDelta, name: str) -> Iterable[object]:
+    """The keys of list `name` that `delta` records as gone."""
+    removals = getattr(delta, f"removed_{name}")
+    return [key_of(name, removal) for removal in removals] if len(_KEY_FIELDS[name]) > 1 else removals
+
+
+def removed_key(delta: inventory_pb2.InventoryDelta, name: str, key: object) -> None:
+    """Record in `delta` that the element of list `name` with `key` is gone."""
+    removals = getattr(delta, f"removed_{name}")
+    fields = _KEY_FIELDS[name]
+    if len(fields) > 1:
+        removals.add(**dict(zip(fields, key, strict=True)))  # type: ignore[call-overload]
+    else:
+        removals.append(key)
 
 
 def tagged_digest(tag: str, body: bytes) -> int:
@@ -140,18 +160,8 @@ class Elements:
                 f"delta {delta.base_generation}→{delta.generation} of gateway {delta.gateway_id!r} does not "
                 f"apply to generation {self.generation} of {self.gateway_id!r}"
             )
-        removed: dict[str, Iterable[object]] = {
-            "routes": delta.removed_routes,
-            "policies": delta.removed_policies,
-            "tombstones": delta.removed_tombstones,
-            "issuers": [(i.tenant_id, i.issuer) for i in delta.removed_issuers],
-            "tools": [(t.tenant_id, t.name) for t in delta.removed_tools],
-            "consumers": [(c.tenant_id, c.consumer_id) for c in delta.removed_consumers],
-            "subscriptions": [(s.tenant_id, s.subscription_id) for s in delta.removed_subscriptions],
-            "revoked_key_sha256": delta.removed_revoked_key_sha256,
-        }
         for name in LISTS:
-            for key in removed[name]:
+            for key in removed_keys(delta, name):
                 self.remove(name, key)
             for element in getattr(delta, name):
                 self.put(name, element)
@@ -182,23 +192,3 @@ def diff(old: inventory_pb2.Inventory, new: inventory_pb2.Inventory) -> inventor
         for key in sorted(set(before.keys(name)) - set(after.keys(name))):  # type: ignore[type-var]
             removed_key(delta, name, key)
     return delta
-
-
-# The lists keyed by (tenant_id, one member): a removal names both, in a message of its own.
-_TENANT_KEYED = {
-    "issuers": "issuer",
-    "tools": "name",
-    "consumers": "consumer_id",
-    "subscriptions": "subscription_id",
-}
-
-
-def removed_key(delta: inventory_pb2.InventoryDelta, name: str, key: object) -> None:
-    """Record in `delta` that the element of list `name` with `key` is gone."""
-    removals = getattr(delta, f"removed_{name}")
-    member = _TENANT_KEYED.get(name)
-    if member is None:
-        removals.append(key)
-    else:
-        tenant_id, value = key  # type: ignore[misc]
-        removals.add(tenant_id=tenant_id, **{member: value})

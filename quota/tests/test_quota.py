@@ -5,6 +5,9 @@ fields."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from stoa_harness.ports import free_port
 from stoa_harness.postgres import EmbeddedPostgres
+from stoa_harness.wait import wait_until
 from stoa_quota import (
     BatchedCounter,
     BilledCounter,
@@ -193,5 +197,134 @@ def test_tokens_of_an_unreachable_store_are_quota_unavailable() -> None:
     try:
         with pytest.raises(QuotaUnavailable):
             TokenCounter(store).reserve("k", 1, 10, 60)
+    finally:
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def faulty() -> Iterator[EmbeddedPostgres]:
+    """A server of its own, for the tests that stop or freeze it."""
+    with EmbeddedPostgres() as server:
+        yield server
+
+
+def test_a_server_that_stops_answering_is_unavailable_not_a_stuck_caller(faulty: EmbeddedPostgres) -> None:
+    store = QuotaStore(faulty.dsn, timeout_s=0.3).open()
+    counter = BilledCounter(store)
+    outcomes: list[object] = []
+
+    def take() -> None:
+        try:
+            outcomes.append(counter.take("frozen", 10, 60))
+        except QuotaUnavailable as exc:
+            outcomes.append(exc)
+
+    try:
+        assert counter.take("frozen", 10, 60).allowed
+        # Stopped processes keep their sockets: the kernel takes the statement, nothing answers, and
+        # the server's own statement timeout never runs.
+        with faulty.frozen():
+            caller = threading.Thread(target=take, daemon=True)
+            caller.start()
+            caller.join(5)
+            assert not caller.is_alive(), "the count waited on a server that does not answer"
+        assert len(outcomes) == 1
+        assert isinstance(outcomes[0], QuotaUnavailable)
+        wait_until(lambda: counter.take("frozen", 10, 60).allowed, 5, "counting again after the thaw")
+    finally:
+        store.close()
+
+
+def test_counting_resumes_soon_after_the_server_is_back(faulty: EmbeddedPostgres) -> None:
+    store = QuotaStore(faulty.dsn, timeout_s=0.2).open()
+    counter = BilledCounter(store)
+    try:
+        assert counter.take("outage", 1000, 3600).allowed
+        faulty.stop_server()
+        try:
+            # Callers keep coming while it is down: every connection is found broken and remade in vain.
+            down = time.monotonic()
+            while time.monotonic() - down < 8:
+                with pytest.raises(QuotaUnavailable):
+                    counter.take("outage", 1000, 3600)
+                time.sleep(0.1)
+        finally:
+            faulty.resume()
+        # Not after the pool's doubling delays between attempts (by then up to as long as the outage).
+        wait_until(lambda: counter.take("outage", 1000, 3600).allowed, 2.5, "counting again")
+    finally:
+        store.close()
+
+
+def test_after_a_restart_one_count_finds_the_pool_lost_not_one_per_connection(
+    faulty: EmbeddedPostgres,
+) -> None:
+    store = QuotaStore(faulty.dsn, max_size=4, timeout_s=0.3).open()
+    counter = BilledCounter(store)
+
+    def take() -> bool:
+        try:
+            return counter.take("restart", 1000, 3600).allowed
+        except QuotaUnavailable:
+            return False
+
+    try:
+        wait_until(lambda: store.pool.get_stats()["pool_available"] == 4, 5, "every connection open")
+        faulty.stop_server()
+        faulty.resume()
+        # The first count learns the connections are gone; the others are tested, not each failed.
+        outcomes = [take() for _ in range(4)]
+        assert outcomes[1:] == [True, True, True], outcomes
+    finally:
+        store.close()
+
+
+def test_while_the_server_is_known_lost_a_count_is_refused_without_the_whole_wait(
+    faulty: EmbeddedPostgres,
+) -> None:
+    # A long timeout: a caller held for it would be past the deadline of whoever waits on it (Envoy
+    # waits 250 ms for a Check), and would hold its thread meanwhile.
+    store = QuotaStore(faulty.dsn, max_size=2, timeout_s=3.0).open()
+    counter = BilledCounter(store)
+    refused = threading.Event()
+
+    def take() -> None:
+        with contextlib.suppress(QuotaUnavailable):
+            counter.take("lost", 1000, 3600)
+            return
+        refused.set()
+
+    try:
+        assert counter.take("lost", 1000, 3600).allowed
+        faulty.stop_server()
+        try:
+            for _ in range(2):  # every connection the pool held found lost
+                with pytest.raises(QuotaUnavailable):
+                    counter.take("lost", 1000, 3600)
+            threading.Thread(target=take, daemon=True).start()
+            assert refused.wait(1.0), "a count waited the whole timeout on a server known lost"
+        finally:
+            faulty.resume()
+        wait_until(lambda: counter.take("lost", 1000, 3600).allowed, 3, "counting again")
+    finally:
+        store.close()
+
+
+def test_a_server_down_from_the_start_is_refused_without_the_whole_wait_once_known() -> None:
+    store = QuotaStore(f"postgresql://stoa@127.0.0.1:{free_port()}/none", timeout_s=1.5).open(None)
+    counter = BilledCounter(store)
+    refused = threading.Event()
+
+    def take() -> None:
+        with contextlib.suppress(QuotaUnavailable):
+            counter.take("never", 10, 60)
+            return
+        refused.set()
+
+    try:
+        with pytest.raises(QuotaUnavailable):
+            counter.take("never", 10, 60)  # the whole wait: the pool is still trying to connect
+        threading.Thread(target=take, daemon=True).start()
+        assert refused.wait(0.75), "a count waited the whole timeout on a server known unreachable"
     finally:
         store.close()

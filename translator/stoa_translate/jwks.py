@@ -8,21 +8,28 @@ keys, private key material and other curves are refused, so a key set the CP acc
 site refuse its policy set.
 
 Also the other side, the Ed25519 keys STOA signs with (the CP its tool permissions, stoa-authz its
-identity envelope): one reader of their PEM files, and the public JWK a verifier pins.
+identity envelope): one reader of their PEM files, the public JWK a verifier pins, and the compact
+JWS (RFC 7515, EdDSA per RFC 8037) both sign.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from joserfc.errors import JoseError
+from joserfc.errors import JoseError, SecurityWarning
 from joserfc.jwk import ECKey, OKPKey, RSAKey, import_key
+
+# "EdDSA" is the alg STOA signs with and its verifiers require (what they understand today); joserfc
+# warns that RFC 9864 supersedes the name.
+warnings.filterwarnings("ignore", message="EdDSA is deprecated", category=SecurityWarning)
 
 PublicKey = RSAKey | ECKey | OKPKey
 
@@ -157,6 +164,10 @@ def key_ids(jwks_json: str) -> tuple[str, ...]:
     return tuple(sorted(set(ids)))  # type: ignore[arg-type]
 
 
+class SigningKeyError(ValueError):
+    """A signing key file that cannot be used; the message names the file."""
+
+
 def signing_key(pem: bytes) -> OKPKey:
     """The Ed25519 private key of an unencrypted PEM file; ValueError saying what else it is."""
     try:
@@ -178,3 +189,32 @@ def new_signing_key() -> bytes:
 def signing_jwk(key: OKPKey) -> dict[str, Any]:
     """The public JWK of a signing key, with its kid (the RFC 7638 thumbprint): what a verifier pins."""
     return {**key.as_dict(private=False), "kid": key.thumbprint(), "alg": "EdDSA", "use": "sig"}
+
+
+def read_signing_key(path: Path) -> OKPKey:
+    """`signing_key` of a PEM file; SigningKeyError naming the file and what is wrong with it."""
+    try:
+        pem = path.read_bytes()
+    except OSError as exc:
+        raise SigningKeyError(f"cannot read signing key {path}: {exc.strerror}") from exc
+    try:
+        return signing_key(pem)
+    except ValueError as exc:
+        raise SigningKeyError(f"signing key {path} {exc}") from exc
+
+
+def b64url(data: bytes) -> bytes:
+    """base64url without padding, as JWS segments are written."""
+    return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+
+def header_segment(kid: str, typ: str) -> bytes:
+    """The protected header of an EdDSA compact JWS, encoded, with the dot the payload follows."""
+    header = {"alg": "EdDSA", "typ": typ, "kid": kid}
+    return b64url(json.dumps(header, separators=(",", ":")).encode()) + b"."
+
+
+def sign_compact(key: Ed25519PrivateKey, header: bytes, payload: bytes) -> str:
+    """The compact JWS of `payload` (JSON bytes) under `header` (from `header_segment`)."""
+    signing_input = header + b64url(payload)
+    return (signing_input + b"." + b64url(key.sign(signing_input))).decode("ascii")

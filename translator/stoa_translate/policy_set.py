@@ -3,7 +3,8 @@ as several resources of the type AuthzPolicySet. `default` holds what is site-wi
 consumers, subscriptions, revocations); `routes-NNN` hold the routes, each route in the bucket of its
 id (a stable hash, `POLICY_BUCKETS` of them), so a new or edited route changes one bucket of a few
 dozen routes, not a 10,000-route resource: the Link renders, and the service compiles, that bucket
-alone. Every state-of-the-world response carries all of them: the service takes them as one set.
+alone. A state-of-the-world response carries all of them and a delta one those that changed; either way
+the service takes the complete set as one.
 
 Each resource's `version` hashes its content only, and none carries a generation: a generation that
 changes nothing the service decides on keeps every resource byte for byte. The set's version

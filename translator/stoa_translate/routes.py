@@ -12,6 +12,13 @@ Refusal: the first entries answer 400 to a path `stoa_proto.paths` refuses (a hi
 foreign escape; the rules the authorization service also applies), before any route can match it and
 without a Check.
 
+Closed: while the routes go by scope, the one table's name is still served, with one entry that
+answers 503 (Retry-After) to every request. A listener built before the switch to scopes keeps the
+connections it accepted until it has drained, and reads that name over RDS: without it Envoy would
+keep the table as it last was, so those connections would keep the routes and policies of then (a
+route removed since answering, a policy added since missing). The other way, the scopes an older
+listener reads are removed with the switch, and Envoy answers 404 on its connections.
+
 Credential: a route that checks a token removes the client's `authorization` before the upstream
 (the router applies it after ext_authz, which has read it), an api_key route its key header, unless
 the API forwards it.
@@ -30,6 +37,7 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2, scoped_route_
 from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
 from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from google.protobuf import any_pb2, duration_pb2, message
+from stoa_proto.bodies import CONTENT_TYPE, DENY_BODIES
 from stoa_proto.decisions import API_HEADER, TENANT_HEADER
 from stoa_proto.paths import FOREIGN_ESCAPE, HIDDEN_DOT_SEGMENT
 
@@ -167,7 +175,7 @@ def render_routes(
         bodies.setdefault(name, [])
     if not by_scope:
         bodies.setdefault(ROUTE_CONFIG_NAME, [])
-    tables = []
+    tables = [closed_table()] if by_scope else []
     now: dict[str, KeptTable] = {}
     for name in sorted(bodies):
         parts = tuple(bodies[name])
@@ -217,6 +225,31 @@ def route_table(
     host.routes.extend(well_known)
     # Parsed in place: appending a built virtual host would copy all of its entries once more.
     host.MergeFromString(b"".join(parts))
+    return config
+
+
+# How soon a client told to come back (on a connection a newer listener accepts) may do so.
+CLOSED_RETRY_AFTER_S = 1
+
+
+@functools.cache
+def closed_table() -> route_pb2.RouteConfiguration:
+    """The one table as served while the routes go by scope (module docstring, "Closed")."""
+    config = route_pb2.RouteConfiguration(name=ROUTE_CONFIG_NAME)
+    host = config.virtual_hosts.add(name=VIRTUAL_HOST_NAME, domains=["*"])
+    entry = host.routes.add(
+        name="stoa-routing-replaced",
+        match=route_components_pb2.RouteMatch(prefix="/"),
+        direct_response=route_components_pb2.DirectResponseAction(
+            status=503, body=base_pb2.DataSource(inline_string=DENY_BODIES[503].decode())
+        ),
+    )
+    for name, value in (("content-type", CONTENT_TYPE), ("retry-after", str(CLOSED_RETRY_AFTER_S))):
+        entry.response_headers_to_add.add(
+            header=base_pb2.HeaderValue(key=name, value=value),
+            append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+        )
+    entry.typed_per_filter_config[EXT_AUTHZ_FILTER].CopyFrom(packed(EXT_AUTHZ_DISABLED))
     return config
 
 

@@ -6,6 +6,7 @@ deterministic serialisation of its content, so the same content always has the s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from envoy.extensions.filters.http.ext_authz.v3 import ext_authz_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm
 from google.protobuf.message import Message
 from stoa_proto.inventory_delta import MODULUS, tagged_digest
+
+from stoa_translate.routes import ROUTE_CONFIG_NAME as ONE_TABLE
 
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
@@ -179,6 +182,15 @@ class Snapshot:
     def of(self, type_url: str) -> tuple[Message, ...]:
         return self.resources.get(type_url, ())
 
+    @functools.cached_property
+    def on_request(self) -> frozenset[str]:
+        """The route tables served for older listeners only: the one table, closed, while no listener
+        names it (the routes go by scope). Envoy holds it only while such a listener asks for it."""
+        if ONE_TABLE not in self.names(ROUTE):
+            return frozenset()
+        named = {m.rds.route_config_name for listener in self.of(LISTENER) for m in _managers(listener)}
+        return frozenset() if ONE_TABLE in named else frozenset({ONE_TABLE})
+
     def names(self, type_url: str) -> list[str]:
         return [resource_name(r) for r in self.of(type_url)]
 
@@ -200,7 +212,8 @@ def dangling_references(snapshot: Snapshot, route_clusters: Iterable[str] | None
             rds = manager.rds.route_config_name if manager.HasField("rds") else None
             if rds is not None and rds not in routes:
                 missing.append(f"listener {resource_name(listener)}: route configuration {rds} is missing")
-            if manager.HasField("scoped_routes") and not snapshot.of(SCOPED_ROUTE) and routes:
+            # The one table's name stays served (closed) while the routes go by scope.
+            if manager.HasField("scoped_routes") and not snapshot.of(SCOPED_ROUTE) and routes - {ONE_TABLE}:
                 missing.append(f"listener {resource_name(listener)}: routes by scope, but no scope")
             for http_filter in manager.http_filters:
                 name = _grpc_cluster(http_filter)

@@ -19,7 +19,15 @@ from stoa_translate.filters import EXT_PROC_FILTER, PROCESSED_BUFFER_FILTER
 from stoa_translate.policies.cors import origin_matcher
 from stoa_translate.policy_set import POLICY_BUCKETS, merged, route_bucket, route_version, set_version
 from stoa_translate.refusal import FailureReason, Refusal
-from stoa_translate.routes import REFUSAL_ROUTES, ROUTE_TABLE_BUCKETS, SCOPE_KEY_HEADER, scope_key, table_name
+from stoa_translate.routes import (
+    REFUSAL_ROUTES,
+    ROUTE_CONFIG_NAME,
+    ROUTE_TABLE_BUCKETS,
+    SCOPE_KEY_HEADER,
+    closed_table,
+    scope_key,
+    table_name,
+)
 from stoa_translate.snapshot import (
     AUTHZ_POLICY_SET,
     CLUSTER,
@@ -561,9 +569,12 @@ def test_route_scopes_give_each_api_key_a_scope_and_its_routes_their_keys_table(
     snapshot = translate(inventory(routes), SCOPED)
     scopes = {s.key.fragments[0].string_key: s.route_configuration_name for s in snapshot.of(SCOPED_ROUTE)}
     assert set(scopes) == {f"r{i}" for i in range(40)}  # /apis/r1/v2 shares its key with /apis/r1
-    tables = {t.name: t for t in snapshot.of(ROUTE)}
+    tables = {t.name: t for t in snapshot.of(ROUTE) if t.name not in snapshot.on_request}
     assert set(scopes.values()) == set(tables)
     assert 1 < len(tables) <= ROUTE_TABLE_BUCKETS
+    # The one table stays served, closed, for a listener built before the routes went by scope.
+    assert snapshot.on_request == {ROUTE_CONFIG_NAME}
+    assert snapshot.of(ROUTE)[0] is closed_table()
     assert all(name == table_name(key) for key, name in scopes.items())
     for name, table in tables.items():
         (host,) = table.virtual_hosts
@@ -583,8 +594,10 @@ def test_a_prefix_without_a_key_keeps_the_gateway_on_one_table() -> None:
     translator = Translator(SCOPED)
     snapshot = translator.translate(inventory([route("a"), route("root", path_prefix="/root")]))
     assert snapshot.names(ROUTE) == ["stoa-routes"]
+    assert snapshot.of(ROUTE)[0] is not closed_table()
     assert not snapshot.of(SCOPED_ROUTE)
     assert http_manager(snapshot).rds.route_config_name == "stoa-routes"
+    assert not snapshot.on_request
     assert translator.unkeyed == ("root",)
     translator.translate(inventory([route("a")], 2))
     assert translator.unkeyed == ()

@@ -24,14 +24,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import httpx
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc
-from envoy.service.discovery.v3.discovery_pb2 import DiscoveryRequest, DiscoveryResponse
+from envoy.service.discovery.v3.discovery_pb2 import DiscoveryResponse
 from google.protobuf import any_pb2
 from stoa_authz.ads import TYPE_URL
 from stoa_proto import authz_pb2, inventory_pb2
@@ -39,32 +38,12 @@ from stoa_translate.policy_set import route_version
 
 from stoa_harness.bench.rig import cpu_seconds, session_pids
 from stoa_harness.idp import DevIdentityProvider
+from stoa_harness.one_set_ads import OneSetAds
 from stoa_harness.ports import free_port
 from stoa_harness.processes import stop_group
 from stoa_harness.wait import GiveUp, WaitTimeout, wait_until_async
 
 AUDIENCE = "stoa-bench"
-
-
-class OneSetAds(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
-    def __init__(self, response: DiscoveryResponse) -> None:
-        self.response = response
-        self.acks = 0
-
-    async def StreamAggregatedResources(
-        self, request_iterator: AsyncIterator[DiscoveryRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[DiscoveryResponse]:
-        async def count() -> None:
-            async for request in request_iterator:
-                if request.response_nonce and not request.HasField("error_detail"):
-                    self.acks += 1
-
-        reader = asyncio.ensure_future(count())
-        try:
-            yield self.response
-            await asyncio.Event().wait()  # hold the stream open until the server stops
-        finally:
-            reader.cancel()
 
 
 ORDERS = authz_pb2.AuthzRoute(

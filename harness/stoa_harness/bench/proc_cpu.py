@@ -38,9 +38,9 @@ from stoa_proto import proc_pb2, processing
 from stoa_proto.processing import ROUTE_METADATA, VERSION_METADATA
 from stoa_translate.policies import accept
 
-from stoa_harness.bench.check_cpu import OneSetAds
 from stoa_harness.bench.processing import GUARDRAILS, kib_body
 from stoa_harness.bench.rig import cpu_seconds
+from stoa_harness.one_set_ads import OneSetAds
 from stoa_harness.ports import free_port
 from stoa_harness.processes import stop_group, tcp_accepting
 from stoa_harness.wait import wait_until_async
@@ -78,15 +78,18 @@ def exchange_messages(with_headers: bool) -> tuple[ProcessingRequest, ...]:
         "x-forwarded-proto": "http",
         "x-request-id": "0b9a7c7e-1111-2222-3333-444455556666",
     }
-    values = [HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()]
     attributes = struct_pb2.Struct()
     attributes.update(
         {processing.REQUEST_ID: headers["x-request-id"], processing.CONTENT_TYPE: headers["content-type"]}
     )
-    first = ProcessingRequest(request_headers=HttpHeaders(headers=HeaderMap(headers=values)))
     body_message = ProcessingRequest(request_body=HttpBody(body=body, end_of_stream=True))
-    (first if with_headers else body_message).attributes[processing.ATTRIBUTES_KEY].CopyFrom(attributes)
-    return (first, body_message) if with_headers else (body_message,)
+    if not with_headers:
+        body_message.attributes[processing.ATTRIBUTES_KEY].CopyFrom(attributes)
+        return (body_message,)
+    values = [HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()]
+    first = ProcessingRequest(request_headers=HttpHeaders(headers=HeaderMap(headers=values)))
+    first.attributes[processing.ATTRIBUTES_KEY].CopyFrom(attributes)
+    return (first, body_message)
 
 
 async def drive(address: str, exchanges: int, concurrency: int, with_headers: bool = False) -> None:

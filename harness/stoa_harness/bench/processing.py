@@ -167,7 +167,10 @@ class _Processors:
             log_dir=rig.run_dir,
             ready=lambda: tcp_accepting(host, int(port)),
         )
-        self.serving = "proc"
+
+    @property
+    def serving(self) -> str:
+        return "noop" if self._noop.running else "proc"
 
     def use(self, name: str) -> None:
         """`name` ("proc" or "noop") serving the guardrail route, warmed up like the other was."""
@@ -178,7 +181,6 @@ class _Processors:
             else:
                 self._noop.stop()
                 self._start_proc()
-            self.serving = name
         estate = self._rig.estate
         wait_until(
             lambda: estate.gateway.post(estate.url(GUARD_PATH), content=self._body).status_code == 200,
@@ -194,7 +196,6 @@ class _Processors:
         self._noop.stop()
         if not self._proc.running:
             self._start_proc()
-        self.serving = "proc"
 
     def _start_proc(self) -> None:
         self._proc.start()

@@ -5,7 +5,13 @@
 2. Envoy's types together: clusters as the union of those served so far and the new ones, the
    listener, the route scopes (if any) and the route configurations; their ACKs (and, for route
    configurations Envoy asks for by name, every one of them held at its version).
-3. The new clusters alone, once the routes that stopped using the others are acknowledged.
+   When the snapshot switches the routing (one route table ↔ scopes), the listener is replaced, and
+   Envoy keeps the one it replaces accepting connections until the new one is warm: the scopes and
+   tables the old listener reads are kept as they were served (`routing_bridge`), and the new ones
+   added beside them.
+3. After a switch, the snapshot's own scopes and tables, once the new listener is acknowledged and
+   holds its tables (the one table served closed, or the old scopes gone).
+4. The new clusters alone, once the routes that stopped using the others are acknowledged.
 
 A NACK or a missed ACK deadline fails the publication: the failure is returned at once (so it is
 reported when the deadline passes), and the last acknowledged snapshot is then put back everywhere in
@@ -23,6 +29,8 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from google.protobuf.message import Message
+from stoa_translate.routes import ROUTE_CONFIG_NAME as ONE_TABLE
 from stoa_translate.snapshot import (
     CLUSTER,
     ENVOY_TYPES,
@@ -34,7 +42,7 @@ from stoa_translate.snapshot import (
     resource_name,
 )
 
-from stoa_link.ads.stream import Streams, short
+from stoa_link.ads.stream import Served, Streams, short
 
 log = logging.getLogger("stoa_link.ads")
 
@@ -51,6 +59,28 @@ class PublishResult:
     missing: tuple[str, ...] = ()
     # Milliseconds per stage (packing, each ACK wait), for the Link's logs.
     timings: Mapping[str, float] = field(default_factory=dict)
+
+
+def routing_bridge(
+    tables: Served | None, scopes: Served | None, snapshot: Snapshot
+) -> tuple[tuple[Message, ...], tuple[Message, ...]] | None:
+    """The (scopes, route tables) to serve while `snapshot` switches the routing away from the one
+    served (`tables`, `scopes`: what is served now): the new ones, and what the replaced listener reads
+    kept as it was. None when the routing does not switch."""
+    if tables is None:
+        return None
+    was_one_table = ONE_TABLE in tables.entries and ONE_TABLE not in tables.on_request
+    new_tables = snapshot.of(ROUTE)
+    one_table = ONE_TABLE not in snapshot.on_request and any(
+        resource_name(t) == ONE_TABLE for t in new_tables
+    )
+    if was_one_table == one_table:
+        return None
+    if one_table:  # back from scopes: the scopes and their tables stay
+        kept = {resource_name(t): t for t in tables.resources} | {resource_name(t): t for t in new_tables}
+        return (scopes.resources if scopes else ()), tuple(kept[name] for name in sorted(kept))
+    old = tables.entries[ONE_TABLE][0]  # to scopes: the one table stays as it was, not closed yet
+    return snapshot.of(SCOPED_ROUTE), tuple(old if resource_name(t) == ONE_TABLE else t for t in new_tables)
 
 
 def elapsed_ms(since: float) -> float:
@@ -175,21 +205,32 @@ class Publisher:
         cds_version = version if union.keys() == new_clusters.keys() else f"{version}+{previous.version}"  # type: ignore[union-attr]
         mark, pushed_at = time.perf_counter(), time.monotonic()
         bodies = snapshot.bodies
+        bridge = routing_bridge(streams.served(ROUTE), streams.served(SCOPED_ROUTE), snapshot)
         targets = {
-            CLUSTER: streams.serve(CLUSTER, cds_version, tuple(union[n] for n in sorted(union)), bodies),
-            LISTENER: streams.serve(LISTENER, version, snapshot.of(LISTENER), bodies),
-            # Scopes and the route tables they name (none when the listener names one table).
-            SCOPED_ROUTE: streams.serve(
-                SCOPED_ROUTE, version, snapshot.of(SCOPED_ROUTE), bodies, snapshot.edits.get(SCOPED_ROUTE)
-            ),
-            ROUTE: streams.serve(ROUTE, version, snapshot.of(ROUTE), bodies),
+            CLUSTER: streams.serve(CLUSTER, cds_version, tuple(union[n] for n in sorted(union)), bodies)
         }
+        if bridge is None:
+            targets[LISTENER] = streams.serve(LISTENER, version, snapshot.of(LISTENER), bodies)
+            # Scopes and the route tables they name (none when the listener names one table).
+            targets.update(self._serve_routing(snapshot))
+        else:
+            # The routing before the listener: Envoy shares a route table (or the scopes) by name
+            # between listeners, so the new one may find the copy a draining listener of an earlier
+            # switch holds, and would serve it as it was until the update came.
+            targets.update(self._serve_bridge(snapshot, bridge))
+            targets[LISTENER] = streams.serve(LISTENER, version, snapshot.of(LISTENER), bodies)
         timings["envoy_serve_ms"] = elapsed_ms(mark)
         failure = await self._wait_acked(targets, readers, version)
         timings["envoy_ack_ms"] = elapsed_ms(mark)
         timings.update(streams.ack_times(targets, readers, since=pushed_at))
         if failure:
             return failure
+        if bridge is not None:
+            mark = time.perf_counter()
+            failure = await self._wait_acked(self._serve_routing(snapshot), readers, version)
+            timings["routing_switch_ack_ms"] = elapsed_ms(mark)
+            if failure:
+                return failure
         if cds_version != version:
             mark = time.perf_counter()
             digest = streams.serve(CLUSTER, version, snapshot.of(CLUSTER), snapshot.bodies)
@@ -198,6 +239,25 @@ class Publisher:
             if failure:
                 return failure
         return PublishResult(True, version)
+
+    def _serve_routing(self, snapshot: Snapshot) -> dict[str, str]:
+        """Serve the snapshot's scopes and route tables; their content digests by type."""
+        streams, version, bodies = self._streams, snapshot.version, snapshot.bodies
+        edit = snapshot.edits.get(SCOPED_ROUTE)
+        return {
+            SCOPED_ROUTE: streams.serve(SCOPED_ROUTE, version, snapshot.of(SCOPED_ROUTE), bodies, edit),
+            ROUTE: streams.serve(ROUTE, version, snapshot.of(ROUTE), bodies, on_request=snapshot.on_request),
+        }
+
+    def _serve_bridge(
+        self, snapshot: Snapshot, bridge: tuple[tuple[Message, ...], tuple[Message, ...]]
+    ) -> dict[str, str]:
+        """Serve `routing_bridge`'s scopes and tables under a version of their own."""
+        version, bodies = f"{snapshot.version}+switch", snapshot.bodies
+        return {
+            SCOPED_ROUTE: self._streams.serve(SCOPED_ROUTE, version, bridge[0], bodies),
+            ROUTE: self._streams.serve(ROUTE, version, bridge[1], bodies),
+        }
 
     async def _wait_acked(
         self, targets: Mapping[str, str], readers: list[str], version: str

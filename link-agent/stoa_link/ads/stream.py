@@ -75,6 +75,9 @@ class _TypeState:
     # name (its initial versions, then what was sent to it).
     wildcard: bool = False
     known: dict[str, str] = field(default_factory=dict)
+    # The names pushes removed since the client last acknowledged one: it still holds them if it
+    # refuses the push (a refused response changes nothing it holds).
+    dropped: set[str] = field(default_factory=set)
     # The serial of the Served this stream's `known` was last brought level with (by a push or a
     # finding that nothing differs); None once a request changed what it asks for or holds.
     level_with: int | None = None
@@ -120,6 +123,8 @@ class Served:
     since: int | None = None
     changed: frozenset[str] = frozenset()
     removed: frozenset[str] = frozenset()
+    # Delta xDS: names a client need not hold unless it asks for them (`Snapshot.on_request`).
+    on_request: frozenset[str] = frozenset()
 
     @functools.cached_property
     def packed(self) -> tuple[any_pb2.Any, ...]:
@@ -224,6 +229,7 @@ class Streams:
         resources: tuple[Message, ...],
         bodies: Mapping[int, bytes] | None = None,
         edit: tuple[tuple[Message, ...], tuple[Message, ...], tuple[Message, ...]] | None = None,
+        on_request: frozenset[str] = frozenset(),
     ) -> str:
         """Serve `resources` as `version` from now on; the digest of their content.
 
@@ -260,17 +266,7 @@ class Streams:
                 versions[hit[2]] = lineage[hit[2]][1]
             for name in removed:
                 lineage.pop(name, None)
-            served = Served(
-                version,
-                resources,
-                entries,
-                _digest(total),
-                versions,
-                next(self._serials),
-                previous.serial,
-                frozenset(changed),
-                frozenset(removed),
-            )
+            since: int | None = previous.serial
         else:
             entries, total, self._packed[type_url] = _pack(type_url, resources, bodies, memo)
             # A resource's delta version is the version it was first served under with its content,
@@ -282,7 +278,20 @@ class Streams:
                 if name not in lineage or lineage[name][0] != hit[3]:
                     lineage[name] = (hit[3], version)
             versions = {name: lineage[name][1] for name in entries}
-            served = Served(version, resources, entries, _digest(total), versions, next(self._serials))
+            since, changed, removed = None, set(), set()
+        serial = next(self._serials)
+        served = Served(
+            version,
+            resources,
+            entries,
+            _digest(total),
+            versions,
+            serial,
+            since,
+            frozenset(changed),
+            frozenset(removed),
+            on_request,
+        )
         self._totals[type_url] = total
         self._served[type_url] = served
         for stream in list(self._streams.values()):
@@ -350,6 +359,7 @@ class Streams:
         nonce = self._stamp(state)
         for name in removed:
             del state.known[name]
+        state.dropped.update(removed)
         response = discovery_pb2.DeltaDiscoveryResponse(
             system_version_info=served.version, type_url=type_url, nonce=nonce, removed_resources=removed
         )
@@ -388,7 +398,7 @@ class Streams:
                         continue
                     state = stream.state(type_url)
                     served = self._served[type_url]
-                    if not state.subscribed and not served.resources:
+                    if not state.subscribed and all(name in served.on_request for name in served.entries):
                         continue  # nothing to hold of a type the client does not ask for (scopes)
                     if state.sent_digest == want and state.nack_detail is not None:
                         return Progress((type_url, state.nack_detail), [], [])
@@ -402,8 +412,13 @@ class Streams:
     def _holds(state: _TypeState, served: Served) -> bool:
         """A delta client asking by name (Envoy's route tables, named by its listener or its scopes)
         holds every served resource at its version: it asks for a new table only once it has the scope
-        naming it, so an ACK alone does not say the table arrived."""
-        return all(state.known.get(name) == version for name, version in served.versions.items())
+        naming it, so an ACK alone does not say the table arrived. A table served for older listeners
+        only is held when asked for."""
+        return all(
+            state.known.get(name) == version
+            for name, version in served.versions.items()
+            if name not in served.on_request or name in state.names
+        )
 
     def ack_times(self, targets: Iterable[str], readers: Iterable[str], since: float) -> dict[str, float]:
         """Per type pushed after `since` (monotonic), the slowest stream's push-to-ACK time (ms)."""
@@ -515,15 +530,27 @@ class Streams:
             self.record("refuse", stream.identity, type_url, detail="type not allowed for this identity")
             return f"{stream.identity} may not read {type_url}"
         state = stream.state(type_url)
-        if (
-            request.response_nonce
-            and request.response_nonce == state.sent_nonce
-            and not self._take_answer(stream, state, request)
+        # An older push refused: what it sent is not held, and the pushes since were changes on it.
+        stale_refusal = (
+            bool(request.response_nonce)
+            and request.response_nonce != state.sent_nonce
+            and request.HasField("error_detail")
+        )
+        if stale_refusal:
+            self._count_refusal(stream, type_url, request, "")
+        if request.response_nonce and (
+            not self._take_answer(stream, state, request)
+            if request.response_nonce == state.sent_nonce
+            else stale_refusal
         ):
-            # What the client holds is unsure now: the next push sends every resource again
-            # (the names are kept, so a resource no longer served is still removed).
-            state.known = dict.fromkeys(state.known, "")
+            # What the client holds is unsure now: the next push sends every resource again, and
+            # removes every name it may hold that is no longer served (those the refused pushes
+            # removed among them).
+            state.known = dict.fromkeys(state.known.keys() | state.dropped, "")
+            state.dropped.clear()
             state.level_with = None
+        elif request.response_nonce == state.sent_nonce:
+            state.dropped.clear()
         subscribe = set(request.resource_names_subscribe)
         unsubscribe = set(request.resource_names_unsubscribe)
         first = not state.subscribed
@@ -549,6 +576,10 @@ class Streams:
             )
             if type_url in self._served:
                 self._send_delta(stream, type_url)
+        elif stale_refusal and type_url in self._served:
+            # The push in flight would leave the client short of what it refused: everything again (an
+            # ACK of the one in flight no longer counts, its nonce is not the latest).
+            self._send_delta(stream, type_url)
         self._notify()
         return None
 
@@ -585,6 +616,19 @@ class Streams:
         self._notify()
         return None
 
+    def _count_refusal(
+        self,
+        stream: _Stream,
+        type_url: str,
+        request: discovery_pb2.DiscoveryRequest | discovery_pb2.DeltaDiscoveryRequest,
+        version: str,
+    ) -> str:
+        """Counts and records a client's refusal of a push (`version`: the push's, when known); its detail."""
+        detail = request.error_detail.message or f"NACK (code {request.error_detail.code})"
+        self.nacks[type_url] += 1
+        self.record("nack", stream.identity, type_url, version, request.response_nonce, detail=detail)
+        return detail
+
     def _take_answer(
         self,
         stream: _Stream,
@@ -595,16 +639,7 @@ class Streams:
         its detail, or an ACK; True for an ACK."""
         type_url = request.type_url
         if request.HasField("error_detail"):
-            state.nack_detail = request.error_detail.message or f"NACK (code {request.error_detail.code})"
-            self.nacks[type_url] += 1
-            self.record(
-                "nack",
-                stream.identity,
-                type_url,
-                state.sent_version or "",
-                request.response_nonce,
-                detail=state.nack_detail,
-            )
+            state.nack_detail = self._count_refusal(stream, type_url, request, state.sent_version or "")
             return False
         state.acked_nonce = request.response_nonce
         state.acked_at = time.monotonic()
