@@ -82,8 +82,9 @@ def _upstream_url(value: str) -> str:
 
 
 def _path_prefix(value: str) -> str:
-    fields.path(value)
-    return value
+    # Stored as the site matches it (`/a/` is `/a`), so that two prefixes the site would take for one
+    # are one conflict here, not a gateway's every later inventory refused.
+    return fields.path(value)
 
 
 def _http_url(value: str) -> str:

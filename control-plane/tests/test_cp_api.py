@@ -112,6 +112,15 @@ async def test_api_crud_with_defaults(api) -> None:
     assert problem_fields(gone) == ["api_id"]
 
 
+async def test_a_path_prefix_is_stored_as_the_gateway_matches_it(api) -> None:
+    tenant_id = await api.new_tenant()
+    # Without its trailing slash: the site matches `/a/` as `/a`.
+    prefix = f"/{fresh_id('s')}"
+    api_id = await api.new_api(tenant_id, path_prefix=f"{prefix}/")
+    stored = await api.answer("GET", f"/v1/tenants/{tenant_id}/apis/{api_id}")
+    assert stored.json()["path_prefix"] == prefix
+
+
 async def test_duplicates_are_conflicts_naming_the_id(api) -> None:
     tenant_id = await api.new_tenant()
     other_tenant = await api.new_tenant()
@@ -134,6 +143,18 @@ async def test_duplicates_are_conflicts_naming_the_id(api) -> None:
                 "upstream_url": "http://127.0.0.1:1",
                 "methods": ["GET"],
                 "path_prefix": f"/apis/{api_id}",
+            },
+            "path_prefix",
+        ),
+        # The same prefix for the site, which matches `/a/` as `/a`.
+        (
+            f"/v1/tenants/{other_tenant}/apis",
+            {
+                "api_id": fresh_id("a"),
+                "name": "x",
+                "upstream_url": "http://127.0.0.1:1",
+                "methods": ["GET"],
+                "path_prefix": f"/apis/{api_id}/",
             },
             "path_prefix",
         ),

@@ -1,12 +1,13 @@
 """Phase 2, token budget: tokens reserved before a completion goes upstream, settled from its usage.
 
-The reservation is the request's `max_tokens` (or `max_completion_tokens`, else the policy's default),
-taken atomically in the quota store (`stoa_quota.TokenCounter`, PostgreSQL) only while it fits in the
-window's budget: a parallel burst can never commit more than the budget. The response settles it
-from `usage.total_tokens` (a buffered JSON answer, or the final chunk of a server-sent event stream
-with `stream_options.include_usage`); a missing, negative or malformed usage, an answer that never
-completes, or a client that goes away mid-stream leaves the reservation charged whole; a request the
-service never let through (its stream ended while the store was reserving) gives it back.
+The reservation is the request's `max_tokens` (or `max_completion_tokens`, else the policy's default)
+times the choices it asks for (`n`), taken atomically in the quota store (`stoa_quota.TokenCounter`,
+PostgreSQL) only while it fits in the window's budget: a parallel burst can never commit more than
+the budget. The response settles it from `usage.total_tokens` (a buffered JSON answer, or the final
+chunk of a server-sent event stream with `stream_options.include_usage`); a missing, negative or
+malformed usage, an answer that never completes, or a client that goes away mid-stream leaves the
+reservation charged whole; a request the service never let through (its stream ended while the
+store was reserving) gives it back.
 
 Counts are per consumer (the id the authorization service set, `x-stoa-consumer-id`; a request
 without one is refused) or per tenant, under the policy id, so every route of one policy shares them.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -31,10 +31,10 @@ from stoa_translate.policies import token_budget
 
 from stoa_proc.reasons import Deny, Reason
 from stoa_proc.rules import PolicyError, translated
+from stoa_proc.stream import EVENT_END, event_data
 
 log = logging.getLogger("stoa_proc.budget")
 
-_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 # A stream's usage chunk is small: a pending partial event larger than this is not one.
 _MAX_PENDING = 64 * 1024
 
@@ -59,15 +59,22 @@ def _positive_int(value: object) -> bool:
 
 
 def requested(document: Any, budget: Budget) -> int:
-    """The tokens to reserve for this request body; 400 for a limit that is not a positive integer."""
+    """The tokens to reserve for this request body: its limit per choice times the choices it asks for
+    (`n`: each choice is a completion of up to that many tokens); 400 for a limit or an `n` that is not
+    a positive integer."""
     if not isinstance(document, dict):
+        raise Deny(Reason.MALFORMED_BODY)
+    choices = document.get("n")
+    if choices is None:
+        choices = 1
+    elif not _positive_int(choices):
         raise Deny(Reason.MALFORMED_BODY)
     for name in ("max_completion_tokens", "max_tokens"):
         if name in document and document[name] is not None:
             if not _positive_int(document[name]):
                 raise Deny(Reason.MALFORMED_BODY)
-            return int(document[name])
-    return budget.default_max_tokens
+            return int(document[name]) * choices
+    return budget.default_max_tokens * choices
 
 
 def usage_of(document: Any) -> int | None:
@@ -89,7 +96,7 @@ class StreamUsage:
     def feed(self, chunk: bytes) -> None:
         data = self._pending + chunk
         start = 0
-        while (found := _EVENT_END.search(data, start)) is not None:
+        while (found := EVENT_END.search(data, start)) is not None:
             self._event(data[start : found.start()])
             start = found.end()
         self._pending = data[start:][-_MAX_PENDING:]
@@ -97,14 +104,13 @@ class StreamUsage:
     def _event(self, event: bytes) -> None:
         if b"usage" not in event:
             return
-        for line in event.split(b"\n"):
-            if line.startswith(b"data:"):
-                try:
-                    total = usage_of(json.loads(line[5:]))
-                except (ValueError, RecursionError):
-                    continue
-                if total is not None:
-                    self.total = total
+        data = event_data(event)
+        try:
+            total = usage_of(json.loads(data)) if data is not None else None
+        except (ValueError, RecursionError):
+            return
+        if total is not None:
+            self.total = total
 
 
 class Budgets:

@@ -8,11 +8,13 @@ otherwise disagree on which value counts).
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 import zlib
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote_plus
 
 import brotli
 import zstandard
@@ -95,6 +97,33 @@ def text(data: bytes) -> str:
         raise Deny(Reason.MALFORMED_BODY) from exc
 
 
+# Charsets whose text is the UTF-8 text already inspected.
+_UTF8_VIEWS = frozenset(("utf-8", "ascii"))
+
+
+def declared_text(content_type: str, data: bytes) -> str | None:
+    """The body as its declared charset reads it, when that is not UTF-8 (an upstream that honours
+    `charset=utf-16le` or `utf-7` reads other words than the UTF-8 view shows), else None; 400 for a
+    charset Python does not know or a body it cannot decode."""
+    charset = ""
+    for parameter in content_type.split(";")[1:]:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset":
+            charset = value.strip().strip('"').lower()
+    if not charset:
+        return None
+    try:
+        codec = codecs.lookup(charset).name
+    except LookupError as exc:
+        raise Deny(Reason.MALFORMED_BODY) from exc
+    if codec in _UTF8_VIEWS:
+        return None
+    try:
+        return data.decode(codec)
+    except (LookupError, ValueError) as exc:  # not a text encoding (`base64`), or not decodable
+        raise Deny(Reason.MALFORMED_BODY) from exc
+
+
 class DuplicateKey(ValueError):
     pass
 
@@ -122,12 +151,41 @@ def parse_json(source: str) -> Any:
         raise Deny(Reason.MALFORMED_BODY) from exc
 
 
+# What `sniffed_json` gives for a text that is not JSON (`None` is the JSON document `null`).
+NOT_JSON: Any = object()
+
+
+def sniffed_json(source: str) -> Any:
+    """The JSON document a text holds whatever it is labelled (a streamed event, a body a client did
+    not declare JSON but an upstream may parse as JSON), or NOT_JSON; 400 for duplicate keys (two
+    parsers could read two different values, as in a JSON body)."""
+    try:
+        return _DECODER.decode(source)
+    except DuplicateKey as exc:
+        raise Deny(Reason.MALFORMED_BODY) from exc
+    except (ValueError, RecursionError):
+        return NOT_JSON
+
+
 _ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
 
 
 def unescape(text: str) -> str:
-    """`\\uXXXX` escapes in plain text decoded, so an escaped word is inspected as the word."""
-    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text) if "\\u" in text else text
+    """`\\uXXXX` escapes in plain text decoded, so an escaped word is inspected as the word; an escaped
+    surrogate pair is its one character, a lone surrogate U+FFFD (this text is only matched)."""
+    if "\\u" not in text:
+        return text
+    decoded = _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
+    return decoded.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def form_decoded(content_type: str, text: str) -> str | None:
+    """A form body's text as the upstream reads it (percent-escapes and `+` decoded), or None when the
+    body is not a form or holds nothing encoded."""
+    if content_type.split(";", 1)[0].strip().lower() != "application/x-www-form-urlencoded":
+        return None
+    decoded = unquote_plus(text)
+    return decoded if decoded != text else None
 
 
 def is_json(content_type: str) -> bool:
@@ -136,14 +194,17 @@ def is_json(content_type: str) -> bool:
 
 
 def strings(document: Any) -> list[str]:
-    """Every string of a JSON document, object keys included, depth first (a list: a generator's
-    resumption per string costs more than the rest of the walk)."""
+    """Every string of a JSON document, object keys included, and every number as text (a card number
+    sent as a number is still one), depth first (a list: a generator's resumption per string costs
+    more than the rest of the walk)."""
     found: list[str] = []
     stack = [document]
     while stack:
         node = stack.pop()
         if isinstance(node, str):
             found.append(node)
+        elif isinstance(node, int | float) and not isinstance(node, bool):
+            found.append(str(node))
         elif isinstance(node, dict):
             for key, value in node.items():
                 found.append(key)

@@ -1,9 +1,10 @@
 """Phase 2, guardrails: the guardrails of one route applied to decoded text.
 
-Text is normalised (NFKC, then case-folded) before anything matches, so full-width letters, ligatures
-and case cannot slip a pattern. Patterns are RE2 (linear time: no pattern can backtrack
-catastrophically). PII kinds are found by RE2 candidates confirmed by their checksums where they have
-one (Luhn for payment cards, mod 97 for IBANs), then blocked or redacted.
+Text is normalised (invisible characters removed, NFKC, then case-folded) before anything matches, so
+zero-width characters, full-width letters, ligatures and case cannot slip a pattern. Patterns are
+RE2 (linear time: no pattern can backtrack catastrophically). PII kinds are found by RE2 candidates
+confirmed by their checksums where they have one (Luhn for payment cards, mod 97 for IBANs), then
+blocked or redacted.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ _QUIET = re2.Options()
 _QUIET.log_errors = False  # a screen that cannot be built is done without, not reported
 
 
-def normalise(value: str) -> str:
-    return unicodedata.normalize("NFKC", value).casefold()
+# What every pattern and PII kind matches on (the translator's one definition).
+normalise = guardrails_kind.folded
 
 
 def _luhn(candidate: str) -> bool:
@@ -74,7 +75,8 @@ PII_KINDS: dict[str, PiiKind] = {
         PiiKind(
             "email", re2.compile(r"(?i)[a-z0-9._%+\-]+@[a-z0-9\-]+(?:\.[a-z0-9\-]+)*\.[a-z]{2,}"), _always
         ),
-        PiiKind("card", re2.compile(r"\b\d(?:[ \-]?\d){12,18}\b"), _luhn),
+        # Digits apart by up to three spaces, tabs or dashes each ("4111  1111 ..." is still a card).
+        PiiKind("card", re2.compile(r"\b\d(?:[ \t\-]{0,3}\d){12,18}\b"), _luhn),
         PiiKind(
             "iban", re2.compile(r"(?i)\b[a-z]{2}\d{2}(?: ?[a-z0-9]{4}){2,7}(?: ?[a-z0-9]{1,4})?\b"), _iban
         ),
@@ -105,7 +107,7 @@ class Guardrails:
     # strings of a document (None when a pattern's anchors could make it miss what one string holds).
     screen: Any = None
 
-    def check_texts(self, values: Sequence[str]) -> None:
+    def check_texts(self, values: Sequence[str], *, block_pii: bool = False) -> None:
         """`check_text` on each value. Most documents hold nothing to find: one search of the screen
         over all of them, joined by line breaks, rules that out; only a hit checks each string.
 
@@ -115,27 +117,43 @@ class Guardrails:
         strings = values
         # One normalisation of the joined text is that of each string: a line break composes with
         # nothing, and case folding goes character by character.
-        if self.screen is not None and not self.screen.search(normalise("\n".join(strings))):
-            return
+        # The screen leaves out the PII kinds a redaction takes care of: blocked here, it cannot rule.
+        screened = self.screen is not None and not (block_pii and self.redact)
+        with _decodable:
+            if screened and not self.screen.search(normalise("\n".join(strings))):
+                return
         for value in strings:
-            self.check_text(value)
+            self.check_text(value, block_pii=block_pii)
 
     def check_text(self, value: str, *, block_pii: bool = False) -> None:
         """403 if a pattern, or a PII kind to block, is found in the normalised text."""
-        folded = normalise(value)
-        if any(p.search(folded) for p in self.patterns):
-            raise Deny(Reason.GUARDRAIL_BLOCKED)
-        if self.pii and (block_pii or not self.redact) and any(_find(k, folded) for k in self.pii):
-            raise Deny(Reason.GUARDRAIL_BLOCKED)
+        with _decodable:
+            folded = normalise(value)
+            if any(p.search(folded) for p in self.patterns):
+                raise Deny(Reason.GUARDRAIL_BLOCKED)
+            if self.pii and (block_pii or not self.redact) and any(_find(k, folded) for k in self.pii):
+                raise Deny(Reason.GUARDRAIL_BLOCKED)
 
     def redact_text(self, value: str) -> str:
         """The text with every confirmed PII match replaced (NFKC form, so what matched is what goes)."""
         if not (self.pii and self.redact):
             return value
-        text = unicodedata.normalize("NFKC", value)
+        # Without the invisible characters, which could otherwise split a match.
+        with _decodable:
+            text = unicodedata.normalize("NFKC", guardrails_kind.visible(value))
+        changed = False
         for kind in self.pii:
-            text = kind.pattern.sub(lambda m, k=kind: REDACTED if k.confirm(m.group(0)) else m.group(0), text)
-        return text
+
+            def replace(match: Any, kind: PiiKind = kind) -> str:
+                nonlocal changed
+                if not kind.confirm(match.group(0)):
+                    return match.group(0)
+                changed = True
+                return REDACTED
+
+            with _decodable:
+                text = kind.pattern.sub(replace, text)
+        return text if changed else value
 
     def check_schema(self, document: Any) -> None:
         if self.schema is None:
@@ -143,6 +161,23 @@ class Guardrails:
         error = next(iter(sorted(self.schema.iter_errors(document), key=lambda e: list(e.path))), None)
         if error is not None:
             raise Deny(Reason.SCHEMA_INVALID, path=error.json_path)
+
+
+class _Decodable:
+    """Text that is not Unicode (a lone surrogate, from a JSON `\\ud800` escape) is an undecodable
+    body (400), found where RE2 needs the text as UTF-8: only then does it cost anything (a class:
+    a generator's context manager costs microseconds on every check)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: object) -> bool:
+        if kind is not None and issubclass(kind, UnicodeEncodeError):
+            raise Deny(Reason.MALFORMED_BODY) from exc
+        return False
+
+
+_decodable = _Decodable()
 
 
 def _find(kind: PiiKind, text: str) -> bool:
@@ -153,7 +188,7 @@ def _screen(patterns: list[str], blocked_pii: list[PiiKind]) -> Any:
     """The alternation `check_texts` screens a document with, or None when it could not be sound."""
     if any(anchor in p for p in patterns for anchor in ("\\A", "\\z", "-m")):
         return None  # text anchors (or multi-line turned off) mean something else in the joined text
-    parts = [unicodedata.normalize("NFKC", p) for p in patterns] + [k.pattern.pattern for k in blocked_pii]
+    parts = [guardrails_kind.pattern_form(p) for p in patterns] + [k.pattern.pattern for k in blocked_pii]
     if not parts:
         return None
     try:

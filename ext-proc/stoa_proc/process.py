@@ -224,7 +224,8 @@ class Exchange:
         self.response_type = headers.get("content-type", "")
         self.response_encoding = headers.get("content-encoding", "")
         guardrails = self.inspects(request=False)
-        if self.response_type.startswith("text/event-stream") and (guardrails or self.budget):
+        media = self.response_type.split(";", 1)[0].strip().lower()  # a media type has no case
+        if media == "text/event-stream" and (guardrails or self.budget):
             encoded = bool(decode.encodings(self.response_encoding))
             if guardrails and encoded:
                 # An encoded event stream cannot be inspected event by event: refused, never passed.
@@ -275,6 +276,10 @@ class Exchange:
         replaced: bytes | None = None
         if guardrails is not None:
             text = decode.text(plain)
+            declared = decode.declared_text(content_type, plain)
+            if declared is not None and declared != text:
+                # PII is blocked there whatever the action: a redaction rewrites the UTF-8 view only.
+                guardrails.check_text(declared, block_pii=True)
             if is_json:
                 document = decode.parse_json(text)
                 guardrails.check_texts(decode.strings(document))
@@ -287,13 +292,28 @@ class Exchange:
             else:
                 # Escapes are decoded for matching only: a `\u0041` in plain text is inspected as `A`.
                 guardrails.check_text(text)
+                if request and guardrails.schema is not None:
+                    # JSON under another type is still JSON to an upstream that parses it regardless.
+                    sniffed = decode.sniffed_json(text)
+                    if sniffed is not decode.NOT_JSON:
+                        guardrails.check_schema(sniffed)
                 unescaped = decode.unescape(text)
                 if unescaped != text:
                     guardrails.check_text(unescaped)
+                form = decode.form_decoded(content_type, text)
+                if form is not None:
+                    guardrails.check_text(form)
                 redacted_text = guardrails.redact_text(text)
                 if redacted_text != text:
                     replaced = redacted_text.encode()
                     self.outcome = Reason.REDACTED
+                if not request and "data" in redacted_text:
+                    # An event stream under another media type is still read as one by a client
+                    # that asked for a stream: what it would reconstruct is inspected too.
+                    events = SseGuard(guardrails)
+                    events.feed(replaced or plain, end_of_stream=True)
+                    if events.denied is not None:
+                        raise Deny(events.denied)
         if edits is not None:
             if document is None:
                 document = self._json_for_edits(plain, is_json, request)
@@ -367,6 +387,10 @@ def _redact_json(document: object, guardrails: Guardrails) -> object:
     if isinstance(document, str):
         redacted = guardrails.redact_text(document)
         return document if redacted == document else redacted
+    if isinstance(document, int | float) and not isinstance(document, bool):
+        # A number holding PII (a card number) becomes the redacted text.
+        redacted = guardrails.redact_text(str(document))
+        return document if redacted == str(document) else redacted
     if isinstance(document, list):
         items = [_redact_json(item, guardrails) for item in document]
         return document if all(a is b for a, b in zip(items, document, strict=True)) else items

@@ -53,7 +53,22 @@ def test_reservation_of_a_request() -> None:
     assert requested({"max_completion_tokens": 30, "max_tokens": 40}, BUDGET) == 30
     assert requested({"messages": []}, BUDGET) == 16
     assert requested({"max_tokens": None}, BUDGET) == 16
-    for bad in ({"max_tokens": 0}, {"max_tokens": -1}, {"max_tokens": 2.5}, {"max_tokens": True}, []):
+    # Each of `n` choices may take the limit: a burst of such requests cannot overshoot the budget
+    # by more than the reservations.
+    assert requested({"max_tokens": 40, "n": 3}, BUDGET) == 120
+    assert requested({"n": 2}, BUDGET) == 32
+    assert requested({"max_tokens": 40, "n": None}, BUDGET) == 40
+    for bad in (
+        {"max_tokens": 0},
+        {"max_tokens": -1},
+        {"max_tokens": 2.5},
+        {"max_tokens": True},
+        [],
+        {"max_tokens": 4, "n": 0},
+        {"n": -2},
+        {"n": "3"},
+        {"n": 1.5},
+    ):
         with pytest.raises(Deny) as denied:
             requested(bad, BUDGET)
         assert denied.value.reason is Reason.MALFORMED_BODY

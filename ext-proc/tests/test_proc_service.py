@@ -168,6 +168,20 @@ async def test_a_repeated_content_encoding_is_read_whole(processor) -> None:
     assert json.loads(answers[-1].immediate_response.body)["error"] == "guardrail_blocked"
 
 
+async def test_pii_only_a_declared_charset_shows_is_blocked_not_passed(processor) -> None:
+    stub, _ = processor
+
+    def utf16(text: str) -> list[ProcessingRequest]:
+        return [
+            ProcessingRequest(request_headers=headers(content_type="text/plain; charset=utf-16le")),
+            ProcessingRequest(request_body=HttpBody(body=text.encode("utf-16-le"), end_of_stream=True)),
+        ]
+
+    # The route redacts email: the UTF-8 view shows none (NULs between letters), the declared one does.
+    assert (await exchange(stub, utf16("write to bob@example.com")))[-1].immediate_response.status.code == 403
+    assert (await exchange(stub, utf16("hello")))[-1].HasField("request_body")
+
+
 async def test_redaction_fixes_the_headers(processor) -> None:
     stub, _ = processor
     compressed = gzip.compress(b'{"q":"mail bob@example.com"}')

@@ -44,6 +44,8 @@ class FakeLLM(ServedByThread):
         self._gzip = False
         self._pause_s = 0.0
         self._usage: Mapping[str, object] | None = None
+        self._events: tuple[bytes, ...] = ()
+        self._stream_type = b"text/event-stream"
         self._received: list[Received] = []
         self._http = ThreadedASGIServer(self._app, "fake-llm", host, port)
 
@@ -54,11 +56,16 @@ class FakeLLM(ServedByThread):
         gzip_body: bool = False,
         pause_s: float = 0.0,
         usage: Mapping[str, object] | None = None,
+        events: Sequence[bytes] = (),
+        stream_type: str = "text/event-stream",
     ) -> None:
         """The pieces of every following answer; `gzip_body`: a non-streamed answer is gzip-encoded;
         `pause_s`: a streamed answer waits that long before each piece, a buffered one before it
-        starts; `usage`: reported instead of the counted one."""
+        starts; `usage`: reported instead of the counted one; `events`: a streamed answer is these
+        bytes, chunk by chunk, as given (a server's own framing), with `stream_type` as its type."""
         with self._lock:
+            self._events = tuple(events)
+            self._stream_type = stream_type.encode()
             self._pieces = tuple(pieces)
             self._gzip = gzip_body
             self._pause_s = pause_s
@@ -80,6 +87,7 @@ class FakeLLM(ServedByThread):
         with self._lock:
             self._received.append(Received(scope["path"], headers, body))
             pieces, compress, pause_s, scripted_usage = self._pieces, self._gzip, self._pause_s, self._usage
+            events, stream_type = self._events, self._stream_type
         try:
             request = json.loads(body) if body else {}
         except ValueError:
@@ -93,6 +101,14 @@ class FakeLLM(ServedByThread):
         }
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         reported: Mapping[str, object] = usage if scripted_usage is None else scripted_usage
+        if request.get("stream") is True and events:
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", stream_type)]}
+            )
+            for event in events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
         if request.get("stream") is True:
             include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
             await self._stream(send, pieces, reported, include_usage, pause_s)

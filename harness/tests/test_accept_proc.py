@@ -149,6 +149,8 @@ def test_request_guardrails_and_bypasses(estate: Estate, api: str) -> None:
         (b'{"messages":[{"role":"user","content":"x","content":"y"}]}', 400, DENY_BODIES[400]),
         (b'{"messages":', 400, DENY_BODIES[400]),
         (b"\xff\xfe", 400, DENY_BODIES[400]),
+        # A lone surrogate escape: no Unicode text to inspect (it was a 503, the service failing).
+        (b'{"messages":[{"role":"user","content":"\\ud800 x"}]}', 400, DENY_BODIES[400]),
     ]
     for body, status, expected in cases:
         response = chat(estate, body, api)
@@ -186,6 +188,28 @@ def test_request_guardrails_and_bypasses(estate: Estate, api: str) -> None:
     assert not any(SECRET in json.dumps(e) for e in events)
     # The request id Envoy gave each exchange, from the body message's attributes.
     assert all(len(e["request_id"]) == 36 for e in events[-8:])
+
+
+def test_numbers_forms_invisible_characters_and_undeclared_json_do_not_slip_the_request_guardrails(
+    estate: Estate,
+) -> None:
+    cases = [
+        # A card number sent as a JSON number, a pattern split by a zero-width space, a form body's
+        # percent-escapes (the upstream decodes them).
+        (b'{"messages":[{"role":"user","content":"pay"}],"card":4111111111111111}', "application/json"),
+        (json.dumps(ask("the forbidden\u200b fruit")).encode(), "application/json"),
+        (b"q=the+forbidden%20fruit", "application/x-www-form-urlencoded"),
+        # Text in the charset it declares (valid UTF-8 too: ASCII and NULs), as the upstream reads it.
+        ("the forbidden fruit".encode("utf-16-le"), "text/plain; charset=utf-16le"),
+    ]
+    for body, content_type in cases:
+        response = chat(estate, body, "inspected", content_type=content_type)
+        assert (response.status_code, response.content) == (403, PROC_BODIES["guardrail_blocked"]), body
+    # JSON the client did not declare JSON (an upstream may parse it anyway) is held to the schema.
+    off_schema = b'{"messages":[{"content":"no role"}]}'
+    response = chat(estate, off_schema, "inspected", content_type="text/plain")
+    assert (response.status_code, response.json()["path"]) == (422, "$.messages[0]")
+    assert estate.llm.requests() == []
 
 
 @GUARDED
@@ -274,6 +298,54 @@ def test_streamed_answer_with_a_split_pattern_ends_with_an_error_event(estate: E
     text = stream(estate, "hi")
     assert '"content": " good."' in text
     assert text.endswith("data: [DONE]\n\n")
+
+
+def sse_chunk(delta: dict, end: str = "\n\n") -> bytes:
+    # Non-ASCII unescaped, as a JavaScript server writes JSON.
+    return (
+        f"data: {json.dumps({'choices': [{'index': 0, 'delta': delta}]}, ensure_ascii=False)}{end}".encode()
+    )
+
+
+@pytest.mark.parametrize(
+    ("events", "stream_type"),
+    [
+        # Events ended by LF then CR (the format allows it; every client's parser sees two events),
+        # under a media type in capitals: each split half, then the error.
+        (
+            [sse_chunk({"content": "the forb"}, "\n\r"), sse_chunk({"content": "idden fruit"}, "\n\r")],
+            "Text/Event-Stream",
+        ),
+        # A line separator inside the JSON (one line for the format), and the text in a tool call.
+        ([sse_chunk({"content": f"the {SECRET} \u2028"})], "text/event-stream"),
+        (
+            [sse_chunk({"tool_calls": [{"index": 0, "function": {"name": "say", "arguments": SECRET}}]})],
+            "text/event-stream",
+        ),
+    ],
+)
+def test_a_streamed_answer_is_inspected_as_a_client_reads_it(
+    estate: Estate, events: list[bytes], stream_type: str
+) -> None:
+    estate.llm.script([], events=events, stream_type=stream_type)
+    text = stream(estate, "hi")
+    assert "fruit" not in text
+    assert text.endswith('event: error\ndata: {"error": "guardrail_blocked"}\n\n')
+
+
+def test_an_event_stream_under_another_media_type_is_inspected_as_one(estate: Estate) -> None:
+    # A client that asked for a stream reads the answer as events whatever its type: buffered, the
+    # text it would reconstruct is inspected as well.
+    events = [sse_chunk({"content": "the forb"}), sse_chunk({"content": "idden fruit"})]
+    estate.llm.script([], events=events, stream_type="text/plain")
+    response = httpx.post(estate.url("/apis/chat/chat/completions"), json=ask("hi", stream=True), timeout=10)
+    assert (response.status_code, response.content) == (403, PROC_BODIES["guardrail_blocked"])
+    estate.llm.script(
+        [], events=[sse_chunk({"content": "all"}), sse_chunk({"content": " good"})], stream_type="text/plain"
+    )
+    response = httpx.post(estate.url("/apis/chat/chat/completions"), json=ask("hi", stream=True), timeout=10)
+    assert response.status_code == 200
+    assert response.text.count("data: ") == 2
 
 
 def test_a_bad_pattern_is_refused_by_the_cp(estate: Estate) -> None:

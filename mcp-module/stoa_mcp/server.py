@@ -5,7 +5,8 @@ Each HTTP request is identified by its verified identity envelope (`identity`), 
 MCP route (its `api`) and so the tenant whose tools it sees. `tools/list` shows exactly the tools
 `tools/call` would run for that caller; a tool the caller may not call, one of another tenant and one
 that does not exist all answer the same "Unknown tool" error, so names do not leak. A session belongs
-to the caller that opened it: another caller naming its id gets 404, as for an unknown session.
+to the caller that opened it: another caller naming its id gets 404, as for an unknown session, and
+so does everyone once the module no longer remembers who opened it.
 """
 
 from __future__ import annotations
@@ -211,7 +212,9 @@ class McpModule:
             return
         owner = (caller.tenant_id, caller.api_id, caller.consumer)
         session = headers.get(SESSION_HEADER, b"").decode("latin-1")
-        if session and self._owners.get(session, owner) != owner:
+        # A session whose opener is not known (forgotten past the bound, or never opened here) is
+        # refused like an unknown one: its caller opens a new session, and nobody else gets it.
+        if session and self._owners.get(session) != owner:
             await _json(
                 send,
                 404,

@@ -127,6 +127,31 @@ async def test_a_long_answer_is_cut_at_the_bound(serve) -> None:
     assert len(result.content[0].text) == MAX_RESPONSE_BYTES
 
 
+async def test_a_path_argument_cannot_reach_another_path_of_the_api(serve) -> None:
+    """An argument an upstream could resolve as a dot segment (after decoding its escapes, or at a
+    '/' or '\\' it decodes) is an error result, and the API is not called; a '/' in a plain argument
+    stays inside its segment."""
+    upstream = await serve(lambda n: OK)
+    session = upstream_session()
+    try:
+        for sneaky in ("..", "../admin", "a/../../admin", "..\\admin", "%2e%2e", "%2E%2E%2Fadmin", "./x"):
+            result = await invoke(session, tool(upstream.port), {"id": sneaky}, "e", 5000)
+            assert result.is_error, sneaky
+            assert result.content[0].text == (
+                "invalid arguments: arguments.id cannot be an empty, '.' or '..' path segment"
+            )
+        assert upstream.requests == []
+        for plain in ("a/b", "...", "v1.2"):
+            assert not (await invoke(session, tool(upstream.port), {"id": plain}, "e", 5000)).is_error
+    finally:
+        await session.close()
+    assert upstream.requests == [
+        "GET /orders/a%2Fb HTTP/1.1",
+        "GET /orders/... HTTP/1.1",
+        "GET /orders/v1.2 HTTP/1.1",
+    ]
+
+
 class MidAnswer:
     """A raw server that sends an answer's headers and part of its body, then `then`s: closes the
     connection, or holds it open without another byte."""

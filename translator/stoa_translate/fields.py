@@ -94,6 +94,10 @@ def upstream_url(value: str) -> Upstream:
             address = ipaddress.ip_address(host)
         except ValueError:
             raise ValueError(f"host {host!r} is not a valid IP address") from None
+        if getattr(address, "scope_id", None) is not None:
+            # A zone (`%eth0`) names an interface of one machine: Envoy cannot dial it and refuses
+            # the whole cluster set, so every route of the gateway would wait behind this one.
+            raise ValueError(f"host {host!r} has a zone id (an IPv6 address with '%')")
     elif "[" in parts.netloc or not all(_HOST_LABEL.match(label) for label in host.split(".")):
         raise ValueError(f"host {host!r} is not a DNS name (letters, digits and '-' per label; IDNs as xn--)")
     base = "/"

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -31,6 +31,7 @@ ANNOTATIONS = {
     "openWorldHint": bool,
 }
 _PARAMETER = re.compile(r"\{([^{}]*)\}")
+_SEPARATORS = re.compile(r"[/\\]")
 _PARAMETER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 MAX_DESCRIPTION = 4000
 
@@ -114,7 +115,8 @@ def method(value: str, api_methods: list[str] | tuple[str, ...]) -> str:
 
 def expand(template: str, arguments: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """(path, the arguments left): each `{parameter}` replaced by its argument, percent-encoded as one
-    path segment (a '/' or '..' in an argument cannot move the call to another path)."""
+    path segment (a '/' or '..' in an argument cannot move the call to another path); ToolError for an
+    argument that is, or could be read as, a '.' or '..' segment."""
     used = set(parameters(template))
     missing = [p for p in used if p not in arguments]
     if missing:
@@ -122,7 +124,9 @@ def expand(template: str, arguments: Mapping[str, Any]) -> tuple[str, dict[str, 
 
     def segment(match: re.Match[str]) -> str:
         text = str(arguments[match.group(1)])
-        if text in ("", ".", ".."):
+        # Nor '.' or '..' once an upstream has decoded its escapes or split it at '/' or '\\' (as
+        # some servers do before they resolve dot segments): `..%2Fadmin` must not reach `/admin`.
+        if text == "" or any(part in (".", "..") for part in _SEPARATORS.split(unquote(text))):
             raise ToolError(f"arguments.{match.group(1)}", "cannot be an empty, '.' or '..' path segment")
         return quote(text, safe="")
 

@@ -465,6 +465,8 @@ INVALID = {
     "url with bad host": route("x", "http://bad_host:1"),
     "url with port 0": route("x", "http://h:0"),
     "https url with port 0": route("x", "https://h:0/base"),
+    # A zone names an interface of one machine: Envoy would refuse the whole cluster set for it.
+    "ipv6 url with a zone id": route("x", "http://[fe80::1%25eth0]:8080"),
     "unknown auth mode": route("x", auth_mode="basic"),
     "empty tenant": route("x", tenant_id=""),
 }
