@@ -3,7 +3,8 @@
 Text is normalised (invisible characters removed, NFKC, then case-folded) before anything matches, so
 zero-width characters, full-width letters, ligatures and case cannot slip a pattern. Patterns are
 RE2 (linear time: no pattern can backtrack catastrophically). PII kinds are found by RE2 candidates
-confirmed by their checksums where they have one (Luhn for payment cards, mod 97 for IBANs), then
+confirmed by their checksums where they have one (Luhn and an industry digit for payment cards, mod 97
+for IBANs), then
 blocked or redacted.
 """
 
@@ -32,9 +33,15 @@ _QUIET.log_errors = False  # a screen that cannot be built is done without, not 
 normalise = guardrails_kind.folded
 
 
-def _luhn(candidate: str) -> bool:
+# The first digit of a payment card's number (its major industry): 2 to 6 for the card schemes (Mastercard,
+# American Express, Diners, JCB, Visa, Discover, UnionPay, Maestro). Numbers starting with another digit
+# (epoch-millisecond timestamps, 1..., and most numeric ids) are not cards, though a tenth pass Luhn.
+_CARD_INDUSTRIES = frozenset("23456")
+
+
+def _card(candidate: str) -> bool:
     digits = [int(c) for c in candidate if c.isdigit()]
-    if not 13 <= len(digits) <= 19:
+    if not 13 <= len(digits) <= 19 or str(digits[0]) not in _CARD_INDUSTRIES:
         return False
     total = 0
     for i, digit in enumerate(reversed(digits)):
@@ -76,7 +83,7 @@ PII_KINDS: dict[str, PiiKind] = {
             "email", re2.compile(r"(?i)[a-z0-9._%+\-]+@[a-z0-9\-]+(?:\.[a-z0-9\-]+)*\.[a-z]{2,}"), _always
         ),
         # Digits apart by up to three spaces, tabs or dashes each ("4111  1111 ..." is still a card).
-        PiiKind("card", re2.compile(r"\b\d(?:[ \t\-]{0,3}\d){12,18}\b"), _luhn),
+        PiiKind("card", re2.compile(r"\b\d(?:[ \t\-]{0,3}\d){12,18}\b"), _card),
         PiiKind(
             "iban", re2.compile(r"(?i)\b[a-z]{2}\d{2}(?: ?[a-z0-9]{4}){2,7}(?: ?[a-z0-9]{1,4})?\b"), _iban
         ),
