@@ -196,6 +196,26 @@ def test_a_granted_tool_is_listed_and_called_through_envoy(estate: Estate, idp: 
     assert [t.name for t in legacy.tools] == ["get_order"]
 
 
+def test_the_envelope_a_backing_api_got_cannot_call_the_module_again(
+    estate: Estate, idp: DevIdentityProvider
+) -> None:
+    """The backing API gets the caller's envelope; presented to the module directly, within its
+    lifetime, it opens no session and calls nothing (the module takes each envelope once)."""
+    estate.upstream.clear()
+    assert not call(estate, reader(idp), "get_order", {"id": "7"}).is_error
+    [arrival] = estate.upstream.arrivals()
+    envelope = arrival.header("x-stoa-identity")
+    assert envelope
+    opened = mcp_post(estate, "", INITIALIZE, envelope=envelope)
+    if opened.status_code == 200:  # what the replay would go on to do
+        session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+        calling = {"jsonrpc": "2.0", "id": 3, "method": "tools/call"}
+        calling["params"] = {"name": "get_order", "arguments": {"id": "8"}}
+        mcp_post(estate, "", calling, session, envelope=envelope)
+    assert [a.path for a in estate.upstream.arrivals()] == ["/orders/7"]
+    assert (opened.status_code, opened.json()) == (403, {"error": "not_identified"})
+
+
 def test_a_tools_call_reaches_its_api_once(estate: Estate, idp: DevIdentityProvider) -> None:
     """Neither the module nor Envoy sends a tools/call again: an API answering 503 is reached once and
     the agent gets an error result; Envoy's MCP routes carry no retry policy."""
@@ -491,34 +511,41 @@ def test_unauthenticated_callers_are_told_where_the_resource_metadata_is(
 
 
 def mcp_post(
-    estate: Estate, token: str, message: dict[str, Any], session: dict[str, str] | None = None
+    estate: Estate,
+    token: str,
+    message: dict[str, Any],
+    session: dict[str, str] | None = None,
+    *,
+    envelope: str = "",
 ) -> httpx.Response:
-    """One JSON-RPC message POSTed to the acme MCP route as is, in a session when given its headers."""
+    """One JSON-RPC message POSTed to the acme MCP route as is, in a session when given its headers;
+    `envelope`: to the module itself, bypassing Envoy, with that identity envelope instead of a token."""
     headers = {
         "accept": "application/json, text/event-stream",
         "content-type": "application/json",
-        "authorization": f"Bearer {token}",
+        **({"x-stoa-identity": envelope} if envelope else {"authorization": f"Bearer {token}"}),
         **(session or {}),
     }
-    return httpx.post(estate.url(ACME_MCP), headers=headers, json=message, timeout=5)
+    assert estate.site is not None
+    url = f"http://127.0.0.1:{estate.site.mcp_port}{ACME_MCP}" if envelope else estate.url(ACME_MCP)
+    return httpx.post(url, headers=headers, json=message, timeout=5)
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "0"},
+    },
+}
 
 
 def open_session(estate: Estate, token: str) -> dict[str, str]:
     """A new session's headers."""
-    opened = mcp_post(
-        estate,
-        token,
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "t", "version": "0"},
-            },
-        },
-    )
+    opened = mcp_post(estate, token, INITIALIZE)
     assert opened.status_code == 200
     return {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
 

@@ -4,6 +4,11 @@ few seconds). Nothing else the request carries names the caller.
 
 The consumer is the envelope's `consumer` when the authorization service resolved one, else its
 `sub` (the token's subject): grants name consumers by that value.
+
+An envelope is taken once: the module forwards it to the tool's backing API (the caller's identity
+there), and that API must not be able to present it to the module again, within its lifetime, to call
+other tools as the caller. The authorization service mints one per request, so a request through
+Envoy always brings a new one.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import binascii
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,6 +31,9 @@ from stoa_mcp.permissions import Caller
 
 log = logging.getLogger("stoa_mcp.identity")
 REFETCH_MIN_INTERVAL_S = 5.0
+# How many envelopes taken are remembered until they expire (`EnvelopeVerifier.taken`); past it the
+# oldest are forgotten first: a replay would have to wait behind this many newer calls.
+MAX_TAKEN = 500_000
 
 
 class NotIdentified(Exception):
@@ -49,6 +58,9 @@ class EnvelopeVerifier:
     _keys: dict[str, Ed25519PublicKey] = field(default_factory=dict)
     _fetched_at: float = float("-inf")
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The signatures of the envelopes taken, with the time each stops being valid (in taking order,
+    # which is their expiry order: every envelope lives as long).
+    taken: OrderedDict[bytes, float] = field(default_factory=OrderedDict)
 
     @property
     def has_keys(self) -> bool:
@@ -106,6 +118,7 @@ class EnvelopeVerifier:
         exp = claims.get("exp")
         if claims.get("iss") != self.issuer or type(exp) is not int or exp + self.skew_s <= now:
             raise NotIdentified("envelope expired or of another issuer")
+        self._take(parts[2].encode("ascii"), exp + self.skew_s, now)
         tenant, api, subject = claims.get("tenant"), claims.get("api"), claims.get("sub")
         scopes = claims.get("scopes", [])
         if not all(isinstance(v, str) and v for v in (tenant, api, subject)) or not isinstance(scopes, list):
@@ -117,3 +130,12 @@ class EnvelopeVerifier:
             consumer=consumer if isinstance(consumer, str) and consumer else str(subject),
             scopes=frozenset(s for s in scopes if isinstance(s, str)),
         )
+
+    def _take(self, signature: bytes, valid_until: float, now: float) -> None:
+        """Remember an envelope as taken; NotIdentified if it was taken before."""
+        taken = self.taken
+        while taken and (len(taken) >= MAX_TAKEN or next(iter(taken.values())) <= now):
+            taken.popitem(last=False)
+        if signature in taken:
+            raise NotIdentified("envelope presented again")
+        taken[signature] = valid_until
