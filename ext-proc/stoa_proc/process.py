@@ -103,7 +103,6 @@ class Exchange:
     response_encoding: str = ""
     sse: SseGuard | None = None
     outcome: Reason = Reason.ALLOWED
-    attributes_seen: bool = False
     started: float = field(default_factory=time.perf_counter)
 
     @property
@@ -116,7 +115,8 @@ class Exchange:
 
     def handle(self, request: ProcessingRequest) -> ProcessingResponse:
         phase = request.WhichOneof("request")
-        if processing.ATTRIBUTES_KEY in request.attributes:  # the first message of a stream, if any
+        # The attributes come with the first message of a stream (a request id among them, always).
+        if not self.request_id and processing.ATTRIBUTES_KEY in request.attributes:
             self.request_attributes(request.attributes[processing.ATTRIBUTES_KEY])
         if phase == "request_headers":
             return self.request_headers(request.request_headers)
@@ -124,7 +124,7 @@ class Exchange:
             # Which reason was decided when the stream opened; the first message carries it out.
             raise Deny(self.outcome)
         if phase == "request_body":
-            if not self.request_headers_sent and not self.attributes_seen:
+            if not self.request_headers_sent and not self.request_id:
                 # A body first comes only on a route that skips the headers message, whose headers
                 # Envoy sends as attributes with it: without them its encoding and type are unknown.
                 raise Deny(Reason.INTERNAL_ERROR)
@@ -161,8 +161,8 @@ class Exchange:
                 if value.WhichOneof("kind") != "string_value":
                     raise Deny(Reason.INTERNAL_ERROR)  # not what the translator asked Envoy for
                 setattr(self, name, value.string_value)
-        # Envoy always has a request id: its absence means the attributes did not come as configured.
-        self.attributes_seen = bool(self.request_id)
+        # Envoy always has a request id: without one the attributes did not come as configured (and a
+        # body without its headers message is refused).
 
     def request_headers(self, message: HttpHeaders) -> ProcessingResponse:
         headers = _headers(message, _REQUEST_HEADERS)

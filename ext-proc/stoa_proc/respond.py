@@ -80,18 +80,14 @@ def proceed_headers(
 ) -> ProcessingResponse:
     """Continue with the headers (edited); `streamed`: the response body follows in streamed mode."""
     if not (set_headers or remove_headers):
-        if streamed and not request:
-            return _PROCEED_STREAMED
-        if not streamed:
-            return _PROCEED_HEADERS[request]
+        return _PROCEED_STREAMED if streamed and not request else _PROCEED_HEADERS[request]
     headers = HeadersResponse()
-    if set_headers or remove_headers:
-        headers.response.header_mutation.CopyFrom(
-            HeaderMutation(
-                set_headers=[_header(name, value) for name, value in set_headers],
-                remove_headers=remove_headers,
-            )
+    headers.response.header_mutation.CopyFrom(
+        HeaderMutation(
+            set_headers=[_header(name, value) for name, value in set_headers],
+            remove_headers=remove_headers,
         )
+    )
     response = (
         ProcessingResponse(request_headers=headers)
         if request
