@@ -110,15 +110,17 @@ class EnvelopeVerifier:
         key = self._keys.get(kid) if isinstance(kid, str) else None
         if key is None:
             raise NotIdentified("envelope signed by an unknown key")
+        signature = _b64(parts[2])
         try:
-            key.verify(_b64(parts[2]), f"{parts[0]}.{parts[1]}".encode("ascii"))
+            key.verify(signature, f"{parts[0]}.{parts[1]}".encode("ascii"))
         except InvalidSignature:
             raise NotIdentified("envelope signature does not verify") from None
         now = self.clock()
         exp = claims.get("exp")
         if claims.get("iss") != self.issuer or type(exp) is not int or exp + self.skew_s <= now:
             raise NotIdentified("envelope expired or of another issuer")
-        self._take(parts[2].encode("ascii"), exp + self.skew_s, now)
+        # By the signature's bytes: its text has other spellings (padding, alphabet, unused bits).
+        self._take(signature, exp + self.skew_s, now)
         tenant, api, subject = claims.get("tenant"), claims.get("api"), claims.get("sub")
         scopes = claims.get("scopes", [])
         if not all(isinstance(v, str) and v for v in (tenant, api, subject)) or not isinstance(scopes, list):
