@@ -193,10 +193,25 @@ def is_json(content_type: str) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
+# A number is inspected as text from this size on: a card number sent as a number is still one, and
+# the digits of a fraction (a probability, a score) are no identifier of anything.
+_NUMBER_AS_TEXT = 10**12
+
+
+def number_text(node: object) -> str | None:
+    """A JSON number as the digits an identifier would be written with (`4111111111111111` for
+    4111111111111111 and for 4.111111111111111e15), or None: not a number, a fraction or too small."""
+    if isinstance(node, bool) or not isinstance(node, int | float):
+        return None
+    if isinstance(node, float) and not node.is_integer():
+        return None
+    return str(int(node)) if abs(node) >= _NUMBER_AS_TEXT else None
+
+
 def strings(document: Any) -> list[str]:
-    """Every string of a JSON document, object keys included, and every number as text (a card number
-    sent as a number is still one), depth first (a list: a generator's resumption per string costs
-    more than the rest of the walk)."""
+    """Every string of a JSON document, object keys included, and every whole number of 13 digits or
+    more as text (`number_text`), depth first (a list: a generator's resumption per string costs more
+    than the rest of the walk)."""
     found: list[str] = []
     stack = [document]
     while stack:
@@ -204,7 +219,8 @@ def strings(document: Any) -> list[str]:
         if isinstance(node, str):
             found.append(node)
         elif isinstance(node, int | float) and not isinstance(node, bool):
-            found.append(str(node))
+            if (digits := number_text(node)) is not None:
+                found.append(digits)
         elif isinstance(node, dict):
             for key, value in node.items():
                 found.append(key)

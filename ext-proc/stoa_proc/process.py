@@ -387,10 +387,11 @@ def _redact_json(document: object, guardrails: Guardrails) -> object:
     if isinstance(document, str):
         redacted = guardrails.redact_text(document)
         return document if redacted == document else redacted
-    if isinstance(document, int | float) and not isinstance(document, bool):
+    digits = decode.number_text(document)
+    if digits is not None:
         # A number holding PII (a card number) becomes the redacted text.
-        redacted = guardrails.redact_text(str(document))
-        return document if redacted == str(document) else redacted
+        redacted = guardrails.redact_text(digits)
+        return document if redacted == digits else redacted
     if isinstance(document, list):
         items = [_redact_json(item, guardrails) for item in document]
         return document if all(a is b for a, b in zip(items, document, strict=True)) else items

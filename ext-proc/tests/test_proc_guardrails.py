@@ -140,8 +140,20 @@ def test_a_pattern_with_a_character_that_folds_to_several_matches_its_text() -> 
 
 
 def test_numbers_and_form_escapes_are_inspected_as_the_upstream_reads_them() -> None:
-    card = {"card": 4111111111111111, "amount": 12.5, "ok": True}
-    assert sorted(decode.strings(card)) == ["12.5", "4111111111111111", "amount", "card", "ok"]
+    card = {"card": 4111111111111111, "amount": 12.5, "ok": True, "as_float": 4.111111111111111e15}
+    assert sorted(decode.strings(card)) == [
+        "4111111111111111",
+        "4111111111111111",
+        "amount",
+        "as_float",
+        "card",
+        "ok",
+    ]
+    # Fractions and small numbers are not identifiers: a logprob's digits are no card.
+    scores = {"logprob": -0.5676059396768622, "p": 0.4111111111111111, "n": 4111, "t": 1733112345678}
+    assert sorted(decode.strings(scores)) == ["1733112345678", "logprob", "n", "p", "t"]
+    blocking = guard(patterns=[], pii_kinds=["card"], pii_action="block")
+    blocking.check_texts(decode.strings({"logprobs": [-1.4501290970783307, -0.5676059396768622]}))
     blocking = guard(patterns=[], pii_kinds=["card"], pii_action="block")
     assert denied(blocking.check_texts, decode.strings(card)).reason is Reason.GUARDRAIL_BLOCKED
     form = "application/x-www-form-urlencoded; charset=utf-8"
