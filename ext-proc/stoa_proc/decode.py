@@ -104,12 +104,16 @@ _UTF8_VIEWS = frozenset(("utf-8", "ascii"))
 def declared_text(content_type: str, data: bytes) -> str | None:
     """The body as its declared charset reads it, when that is not UTF-8 (an upstream that honours
     `charset=utf-16le` or `utf-7` reads other words than the UTF-8 view shows), else None; 400 for a
-    charset Python does not know or a body it cannot decode."""
-    charset = ""
-    for parameter in content_type.split(";")[1:]:
-        name, _, value = parameter.partition("=")
-        if name.strip().lower() == "charset":
-            charset = value.strip().strip('"').lower()
+    charset Python does not know, a body it cannot decode, or a charset named twice (parsers disagree on
+    which one counts)."""
+    charsets = [
+        value.strip().strip('"').lower()
+        for name, _, value in (parameter.partition("=") for parameter in content_type.split(";")[1:])
+        if name.strip().lower() == "charset"
+    ]
+    if len(charsets) > 1:
+        raise Deny(Reason.MALFORMED_BODY)
+    charset = charsets[0] if charsets else ""
     if not charset:
         return None
     try:

@@ -176,6 +176,9 @@ def test_a_declared_charset_is_read_as_the_upstream_reads_it() -> None:
     for bad in ("text/plain; charset=klingon", "text/plain; charset=base64", "text/plain; charset=utf-16le"):
         body = b"abc" if "utf-16" in bad else b"YWJj"
         assert denied(decode.declared_text, bad, body).reason is Reason.MALFORMED_BODY
+    # Named twice: one parser takes the first, another the last.
+    twice = "text/plain; charset=utf-16le; charset=utf-8"
+    assert denied(decode.declared_text, twice, secret.encode("utf-16le")).reason is Reason.MALFORMED_BODY
 
 
 def test_redaction_sees_through_invisible_characters_and_numbers() -> None:
