@@ -192,6 +192,21 @@ def form_decoded(content_type: str, text: str) -> str | None:
     return decoded if decoded != text else None
 
 
+def decoded_views(content_type: str, text: str) -> list[str]:
+    """The text as an upstream may decode it, where that differs: its `\\u` escapes, a form body's
+    escapes, and the escapes inside a form's values."""
+    views = []
+    unescaped = unescape(text)
+    if unescaped != text:
+        views.append(unescaped)
+    form = form_decoded(content_type, text)
+    if form is not None:
+        views.append(form)
+        if (inner := unescape(form)) != form:
+            views.append(inner)
+    return views
+
+
 def is_json(content_type: str) -> bool:
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or media.endswith("+json")

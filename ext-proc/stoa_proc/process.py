@@ -297,13 +297,11 @@ class Exchange:
                     sniffed = decode.sniffed_json(text)
                     if sniffed is not decode.NOT_JSON:
                         guardrails.check_schema(sniffed)
-                unescaped = decode.unescape(text)
-                if unescaped != text:
-                    guardrails.check_text(unescaped)
-                form = decode.form_decoded(content_type, text)
-                if form is not None:
-                    guardrails.check_text(form)
                 redacted_text = guardrails.redact_text(text)
+                # The text as an upstream may decode it: what the redaction (of the text as sent)
+                # left there is blocked whatever the action.
+                for view in decode.decoded_views(content_type, redacted_text):
+                    guardrails.check_text(view, block_pii=True)
                 if redacted_text != text:
                     replaced = redacted_text.encode()
                     self.outcome = Reason.REDACTED

@@ -182,6 +182,30 @@ async def test_pii_only_a_declared_charset_shows_is_blocked_not_passed(processor
     assert (await exchange(stub, utf16("hello")))[-1].HasField("request_body")
 
 
+async def test_pii_only_an_encoded_view_shows_is_blocked_and_what_redaction_reaches_is_redacted(
+    processor,
+) -> None:
+    stub, _ = processor
+    form = "application/x-www-form-urlencoded"
+
+    def sent(text: str, content_type: str = form) -> list[ProcessingRequest]:
+        return [
+            ProcessingRequest(request_headers=headers(content_type=content_type)),
+            ProcessingRequest(request_body=HttpBody(body=text.encode(), end_of_stream=True)),
+        ]
+
+    # The route redacts email; a redaction rewrites the text as sent, where these escapes hide it.
+    for hidden in ("to=bob%40example.com", "to=bob\\u0040example.com", "to=bob%5Cu0040example.com"):
+        answer = (await exchange(stub, sent(hidden)))[-1]
+        assert answer.immediate_response.status.code == 403, hidden
+    # In plain sight, the same address is redacted, and its escaped spelling elsewhere goes with it.
+    answer = (await exchange(stub, sent("to=bob@example.com&q=hello")))[-1]
+    assert answer.request_body.response.body_mutation.body == b"to=[redacted]&q=hello"
+    # A pattern hidden by a form's escapes, in a JSON value of a form field.
+    smuggled = "payload=%7B%22q%22%3A%22forbidden%20%5Cu0066ruit%22%7D"
+    assert (await exchange(stub, sent(smuggled)))[-1].immediate_response.status.code == 403
+
+
 async def test_redaction_fixes_the_headers(processor) -> None:
     stub, _ = processor
     compressed = gzip.compress(b'{"q":"mail bob@example.com"}')
