@@ -123,7 +123,10 @@ class SseGuard:
         try:
             payload = decode.sniffed_json(data)
             if payload is decode.NOT_JSON:
-                return True  # not JSON: no completion chunk, and nothing a client reads as one
+                # No completion chunk (or JSON nested past what is parsed here): its text as it comes,
+                # and with its escapes decoded, as a client may show it.
+                self._guardrails.check_texts([data, decode.unescape(data)], block_pii=True)
+                return True
             # The strings outside the choices (an error's message), each event on its own, and what a
             # client reconstructs of each string of a choice: one screen over them all.
             rest = (
