@@ -33,16 +33,28 @@ _QUIET.log_errors = False  # a screen that cannot be built is done without, not 
 normalise = guardrails_kind.folded
 
 
-# The first digit of a payment card's number (its major industry): 2 to 6 for the card schemes (Mastercard,
-# American Express, Diners, JCB, Visa, Discover, UnionPay, Maestro). Numbers starting with another digit
-# (epoch-millisecond timestamps, 1..., and most numeric ids) are not cards, though a tenth pass Luhn.
+# How a payment card's number starts: a major industry digit of the card schemes (2 to 6: Mastercard,
+# American Express, Diners, JCB, Visa, Discover, UnionPay, Maestro), or a scheme's own prefix outside
+# them (RuPay 81, 82; UzCard 8600; Troy 9792; Humo 9860), or UATP's 1 with 15 digits. Numbers starting
+# otherwise (epoch-millisecond times, 13 digits from 1; most numeric ids) are not cards, though a tenth
+# pass Luhn.
 _CARD_INDUSTRIES = frozenset("23456")
+_CARD_PREFIXES = ("81", "82", "8600", "9792", "9860")
+
+
+def _card_start(number: str) -> bool:
+    return (
+        number[0] in _CARD_INDUSTRIES
+        or number.startswith(_CARD_PREFIXES)
+        or (number[0] == "1" and len(number) == 15)
+    )
 
 
 def _card(candidate: str) -> bool:
-    digits = [int(c) for c in candidate if c.isdigit()]
-    if not 13 <= len(digits) <= 19 or str(digits[0]) not in _CARD_INDUSTRIES:
+    number = "".join(c for c in candidate if c.isdigit())
+    if not 13 <= len(number) <= 19 or not _card_start(number):
         return False
+    digits = [int(c) for c in number]
     total = 0
     for i, digit in enumerate(reversed(digits)):
         if i % 2:

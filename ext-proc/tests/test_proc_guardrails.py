@@ -204,6 +204,9 @@ def test_redaction_sees_through_invisible_characters_and_numbers() -> None:
         ("card", "card 4111  1111\t1111 - 1111", "order 4111  1111\t1111 - 1112"),
         ("card", "amex 378282246310005", "at 1733112345678 ms"),  # the time passes Luhn, starts with 1
         ("card", "mc 2223 0031 2200 3222", "id 9223003122003227"),  # Luhn-valid, no card industry
+        ("card", "rupay 8100000000000002", "id 7100000000000004"),
+        ("card", "troy 9792000000000003", "id 9793000000000002"),
+        ("card", "uatp 100000000000009", "id 1000000000009"),  # UATP has 15 digits
         ("iban", "iban DE89 3704 0044 0532 0130 00", "ref DE89 3704 0044 0532 0130 01"),
         ("phone", "call +33 6 12 34 56 78", "item 12345678"),
     ],
