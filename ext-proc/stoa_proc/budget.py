@@ -60,15 +60,17 @@ def _positive_int(value: object) -> bool:
 
 def requested(document: Any, budget: Budget) -> int:
     """The tokens to reserve for this request body: its limit per choice times the choices it asks for
-    (`n`: each choice is a completion of up to that many tokens); 400 for a limit or an `n` that is not
-    a positive integer."""
+    (`n`, or `best_of` of a completion when more: each is generated, up to that many tokens); 400 for a
+    limit, an `n` or a `best_of` that is not a positive integer."""
     if not isinstance(document, dict):
         raise Deny(Reason.MALFORMED_BODY)
-    choices = document.get("n")
-    if choices is None:
-        choices = 1
-    elif not _positive_int(choices):
-        raise Deny(Reason.MALFORMED_BODY)
+    choices = 1
+    for name in ("n", "best_of"):
+        value = document.get(name)
+        if value is not None:
+            if not _positive_int(value):
+                raise Deny(Reason.MALFORMED_BODY)
+            choices = max(choices, int(value))
     for name in ("max_completion_tokens", "max_tokens"):
         if name in document and document[name] is not None:
             if not _positive_int(document[name]):

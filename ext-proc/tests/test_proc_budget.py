@@ -58,6 +58,9 @@ def test_reservation_of_a_request() -> None:
     assert requested({"max_tokens": 40, "n": 3}, BUDGET) == 120
     assert requested({"n": 2}, BUDGET) == 32
     assert requested({"max_tokens": 40, "n": None}, BUDGET) == 40
+    # A completion generates `best_of` candidates to return `n` of them.
+    assert requested({"max_tokens": 40, "n": 1, "best_of": 20}, BUDGET) == 800
+    assert requested({"max_tokens": 40, "n": 3, "best_of": 2}, BUDGET) == 120
     for bad in (
         {"max_tokens": 0},
         {"max_tokens": -1},
@@ -68,6 +71,7 @@ def test_reservation_of_a_request() -> None:
         {"n": -2},
         {"n": "3"},
         {"n": 1.5},
+        {"best_of": 0},
     ):
         with pytest.raises(Deny) as denied:
             requested(bad, BUDGET)
