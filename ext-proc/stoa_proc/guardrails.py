@@ -154,25 +154,29 @@ class Guardrails:
                 raise Deny(Reason.GUARDRAIL_BLOCKED)
 
     def redact_text(self, value: str) -> str:
-        """The text with every confirmed PII match replaced (NFKC form, so what matched is what goes)."""
+        """The text with every confirmed PII match replaced, the rest as it was. PII that only the
+        text's normal form shows (split by invisible characters, in full-width digits) is replaced in
+        that form, and the text is then sent in it (NFKC, invisible characters removed)."""
         if not (self.pii and self.redact):
             return value
-        # Without the invisible characters, which could otherwise split a match.
+        text = self._replaced(value)
         with _decodable:
-            text = unicodedata.normalize("NFKC", guardrails_kind.visible(value))
-        changed = False
+            hidden = any(_find(kind, normalise(text)) for kind in self.pii)
+            if hidden:
+                text = self._replaced(unicodedata.normalize("NFKC", guardrails_kind.visible(value)))
+        return text
+
+    def _replaced(self, text: str) -> str:
+        """`text` with each confirmed match of the PII kinds replaced (the same object when none)."""
         for kind in self.pii:
 
             def replace(match: Any, kind: PiiKind = kind) -> str:
-                nonlocal changed
-                if not kind.confirm(match.group(0)):
-                    return match.group(0)
-                changed = True
-                return REDACTED
+                return REDACTED if kind.confirm(match.group(0)) else match.group(0)
 
             with _decodable:
-                text = kind.pattern.sub(replace, text)
-        return text if changed else value
+                replaced = kind.pattern.sub(replace, text)
+            text = text if replaced == text else replaced
+        return text
 
     def check_schema(self, document: Any) -> None:
         if self.schema is None:

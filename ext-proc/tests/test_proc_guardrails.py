@@ -194,6 +194,9 @@ def test_redaction_sees_through_invisible_characters_and_numbers() -> None:
     }
     unchanged = {"note": "hi\u200b"}
     assert _redact_json(unchanged, redacting) is unchanged
+    # What is redacted goes; the rest of the text stays as sent (joiners, selectors, ligatures).
+    family = "\U0001f468\u200d\U0001f469\u200d\U0001f467 \u2764\ufe0f \ufb01le"
+    assert redacting.redact_text(f"{family}: write bob@example.com") == f"{family}: write [redacted]"
 
 
 @pytest.mark.parametrize(
