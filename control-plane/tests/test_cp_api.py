@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
+
+import asyncpg
 import httpx
 import pytest
+from stoa_cp.store.database import migrate
 from stoa_harness.cp_client import fresh_id
 from stoa_harness.postgres import EmbeddedPostgres
 from stoa_harness.wait import wait_until_async
@@ -333,3 +337,34 @@ async def test_ready_is_503_when_the_database_is_unreachable(cp_factory, api) ->
             response = await client.answer("GET", "/health/ready")
             assert response.json()["errors"][0]["field"] == "database"
             assert (await client.answer("GET", "/health/live")).status_code == 200
+
+
+async def test_prefixes_stored_with_a_trailing_slash_take_the_form_the_site_matches(
+    pg: EmbeddedPostgres,
+) -> None:
+    """Rows written before prefixes were normalised: each takes its form without the slash, unless
+    another API holds (or would take) the same prefix, a conflict left for the operator."""
+    dsn = pg.create_database(f"cp_{uuid.uuid4().hex[:12]}")
+    conn = await asyncpg.connect(dsn)
+    try:
+        await migrate(conn)
+        await conn.execute("INSERT INTO tenants (tenant_id, name) VALUES ('t', 't')")
+        for api_id, prefix in (
+            ("lone", "/lone/"),
+            ("root", "/"),
+            ("a", "/a"),
+            ("a-slash", "/a/"),
+            ("b", "/b//"),
+        ):
+            await conn.execute(
+                "INSERT INTO apis (api_id, tenant_id, name, upstream_url, path_prefix, methods)"
+                " VALUES ($1, 't', $1, 'http://127.0.0.1:9', $2, '{GET}')",
+                api_id,
+                prefix,
+            )
+        await conn.execute("DELETE FROM schema_migrations WHERE version = '0020_path_prefix_trailing_slash'")
+        assert await migrate(conn) == ["0020_path_prefix_trailing_slash"]
+        rows = dict(await conn.fetch("SELECT api_id, path_prefix FROM apis"))
+    finally:
+        await conn.close()
+    assert rows == {"lone": "/lone", "root": "/", "a": "/a", "a-slash": "/a/", "b": "/b"}
