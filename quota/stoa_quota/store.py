@@ -158,10 +158,11 @@ class QuotaStore:
                     conn.execute(SCHEMA)
                     cursor = work(conn)
                 except self._psycopg.OperationalError as exc:
-                    # Lost (not a server that stopped answering: testing the others would only wait).
-                    if (conn.broken or conn.closed) and not isinstance(
-                        exc, self._psycopg.errors._WaitTimeout
-                    ):
+                    if isinstance(exc, self._psycopg.errors._WaitTimeout):
+                        # A server that stopped answering: known lost (testing the others would only
+                        # wait on it too), so the next callers are not each held the whole timeout.
+                        self._lost = True
+                    elif conn.broken or conn.closed:
                         self._lost = True
                         self._check_idle()
                     raise
