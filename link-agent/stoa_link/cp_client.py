@@ -191,15 +191,16 @@ def _parse_reusing(text: str) -> inventory_pb2.Inventory:
 def parse_delta(text: str) -> inventory_pb2.InventoryDelta:
     """`json_format.Parse` of a delta event, its routes and tombstones built at C speed where written
     the way the CP writes them (as in `_parse_reusing`): a full publication is a delta of 10,000 routes.
-    Raises `json_format.ParseError` for what is not a delta, whatever fails in it: valid JSON may still
-    be no delta (a string no protobuf string holds, a nesting too deep), and anything else escaping
-    here would end the Link's stream of the CP's events, not fetch the complete inventory."""
+    Raises `json_format.ParseError` for what is not a delta: valid JSON may still be no delta (a string
+    no protobuf string holds, a nesting too deep), and anything else escaping here would end the Link's
+    stream of the CP's events, not fetch the complete inventory."""
     try:
         return _parse_delta(text)
     except json_format.ParseError:
         raise
-    except Exception as exc:  # upb raises SystemError for some strings (a lone surrogate as a key)
-        raise json_format.ParseError(f"{type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # the whole-document parse below gives the verdict and its message
+        log.debug("delta_parse_fallback", extra={"fields": {"error": repr(exc)[:300]}})
+    return json_format.Parse(text, inventory_pb2.InventoryDelta())
 
 
 def _parse_delta(text: str) -> inventory_pb2.InventoryDelta:

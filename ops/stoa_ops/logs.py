@@ -24,10 +24,9 @@ from collections.abc import Iterable
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import NamedTuple, Self, TextIO
 
-# Attributes every LogRecord has; anything else on a record came from `extra` and is a field.
-# JSON string quoting in C (what json.dumps uses), for lines written without it.
 # JSON's quoting of a string, at C speed (what a line written without `logging` quotes its names with).
 quoted = encode_basestring_ascii
+# Attributes every LogRecord has; anything else on a record came from `extra` and is a field.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "fields", "asctime"}
 
 _second: tuple[int, str] = (-1, "")

@@ -530,26 +530,20 @@ class Streams:
             self.record("refuse", stream.identity, type_url, detail="type not allowed for this identity")
             return f"{stream.identity} may not read {type_url}"
         state = stream.state(type_url)
+        nonce = request.response_nonce
+        latest = bool(nonce) and nonce == state.sent_nonce
         # An older push refused: what it sent is not held, and the pushes since were changes on it.
-        stale_refusal = (
-            bool(request.response_nonce)
-            and request.response_nonce != state.sent_nonce
-            and request.HasField("error_detail")
-        )
+        stale_refusal = bool(nonce) and not latest and request.HasField("error_detail")
         if stale_refusal:
             self._count_refusal(stream, type_url, request, "")
-        if request.response_nonce and (
-            not self._take_answer(stream, state, request)
-            if request.response_nonce == state.sent_nonce
-            else stale_refusal
-        ):
+        if stale_refusal or (latest and not self._take_answer(stream, state, request)):
             # What the client holds is unsure now: the next push sends every resource again, and
             # removes every name it may hold that is no longer served (those the refused pushes
             # removed among them).
             state.known = dict.fromkeys(state.known.keys() | state.dropped, "")
             state.dropped.clear()
             state.level_with = None
-        elif request.response_nonce == state.sent_nonce:
+        elif latest:
             state.dropped.clear()
         subscribe = set(request.resource_names_subscribe)
         unsubscribe = set(request.resource_names_unsubscribe)
