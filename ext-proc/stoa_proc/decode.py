@@ -18,6 +18,7 @@ from urllib.parse import unquote_plus
 
 import brotli
 import zstandard
+from stoa_proto.bodies import media_type
 
 from stoa_proc.reasons import Deny, Reason
 
@@ -186,7 +187,7 @@ def unescape(text: str) -> str:
 def form_decoded(content_type: str, text: str) -> str | None:
     """A form body's text as the upstream reads it (percent-escapes and `+` decoded), or None when the
     body is not a form or holds nothing encoded."""
-    if content_type.split(";", 1)[0].strip().lower() != "application/x-www-form-urlencoded":
+    if media_type(content_type) != "application/x-www-form-urlencoded":
         return None
     decoded = unquote_plus(text)
     return decoded if decoded != text else None
@@ -208,7 +209,7 @@ def decoded_views(content_type: str, text: str) -> list[str]:
 
 
 def is_json(content_type: str) -> bool:
-    media = content_type.split(";", 1)[0].strip().lower()
+    media = media_type(content_type)
     return media == "application/json" or media.endswith("+json")
 
 

@@ -11,7 +11,6 @@ blocked or redacted.
 from __future__ import annotations
 
 import json
-import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -133,15 +132,14 @@ class Guardrails:
         Sound: what a pattern finds in one string it finds in the joined text (`^` and `$` match at
         each line there, a line break is no word character for `\b`); the screen may find more
         (across strings), which only costs the exact check."""
-        strings = values
         # One normalisation of the joined text is that of each string: a line break composes with
         # nothing, and case folding goes character by character.
         # The screen leaves out the PII kinds a redaction takes care of: blocked here, it cannot rule.
         screened = self.screen is not None and not (block_pii and self.redact)
         with _decodable:
-            if screened and not self.screen.search(normalise("\n".join(strings))):
+            if screened and not self.screen.search(normalise("\n".join(values))):
                 return
-        for value in strings:
+        for value in values:
             self.check_text(value, block_pii=block_pii)
 
     def check_text(self, value: str, *, block_pii: bool = False) -> None:
@@ -161,21 +159,21 @@ class Guardrails:
             return value
         text = self._replaced(value)
         with _decodable:
-            hidden = any(_find(kind, normalise(text)) for kind in self.pii)
-            if hidden:
-                text = self._replaced(unicodedata.normalize("NFKC", guardrails_kind.visible(value)))
+            # A text already in its normal form hides nothing the replacement did not see.
+            normal = guardrails_kind.plain(value)
+            if normal != value and any(_find(kind, normalise(text)) for kind in self.pii):
+                text = self._replaced(normal)
         return text
 
     def _replaced(self, text: str) -> str:
-        """`text` with each confirmed match of the PII kinds replaced (the same object when none)."""
+        """`text` with each confirmed match of the PII kinds replaced."""
         for kind in self.pii:
 
             def replace(match: Any, kind: PiiKind = kind) -> str:
                 return REDACTED if kind.confirm(match.group(0)) else match.group(0)
 
             with _decodable:
-                replaced = kind.pattern.sub(replace, text)
-            text = text if replaced == text else replaced
+                text = kind.pattern.sub(replace, text)
         return text
 
     def check_schema(self, document: Any) -> None:

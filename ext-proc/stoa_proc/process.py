@@ -33,6 +33,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 from google.protobuf.struct_pb2 import Struct
 from stoa_ops.logs import DecisionPlace
 from stoa_proto import processing
+from stoa_proto.bodies import media_type
 from stoa_proto.decisions import CONSUMER_HEADER
 from stoa_proto.processing import ROUTE_METADATA, VERSION_METADATA
 from stoa_quota import Reservation
@@ -161,8 +162,6 @@ class Exchange:
                 if value.WhichOneof("kind") != "string_value":
                     raise Deny(Reason.INTERNAL_ERROR)  # not what the translator asked Envoy for
                 setattr(self, name, value.string_value)
-        # Envoy always has a request id: without one the attributes did not come as configured (and a
-        # body without its headers message is refused).
 
     def request_headers(self, message: HttpHeaders) -> ProcessingResponse:
         headers = _headers(message, _REQUEST_HEADERS)
@@ -202,29 +201,27 @@ class Exchange:
             rules, rules.key(self.route.tenant_id, self.consumer_id), amount
         )
 
-    def settle(self) -> None:
-        """Charge what the response reported instead of the reservation (once); without a report the
-        reservation stands."""
+    def settle(self, used: int | None = None) -> None:
+        """Charge what the response reported (or `used`) instead of the reservation (once); without a
+        report the reservation stands."""
         if self.settled or self.reservation is None or self.budgets is None:
             return
         self.settled = True
-        used = self.usage.total if self.usage is not None else self.used
+        if used is None:
+            used = self.usage.total if self.usage is not None else self.used
         if used is not None:
             self.budgets.settle(self.reservation, used)
 
     def release(self) -> None:
         """Give the reservation back whole (once): for a request that never went upstream."""
-        if self.settled or self.reservation is None or self.budgets is None:
-            return
-        self.settled = True
-        self.budgets.settle(self.reservation, 0)
+        self.settle(used=0)
 
     def response_headers(self, message: HttpHeaders) -> ProcessingResponse:
         headers = _headers(message, _RESPONSE_HEADERS)
         self.response_type = headers.get("content-type", "")
         self.response_encoding = headers.get("content-encoding", "")
         guardrails = self.inspects(request=False)
-        media = self.response_type.split(";", 1)[0].strip().lower()  # a media type has no case
+        media = media_type(self.response_type)
         if media == "text/event-stream" and (guardrails or self.budget):
             encoded = bool(decode.encodings(self.response_encoding))
             if guardrails and encoded:

@@ -125,7 +125,7 @@ class SseGuard:
             if payload is decode.NOT_JSON:
                 # No completion chunk (or JSON nested past what is parsed here): its text as it comes,
                 # and with its escapes decoded, as a client may show it.
-                self._guardrails.check_texts([data, decode.unescape(data)], block_pii=True)
+                self._guardrails.check_texts([data, *decode.decoded_views("", data)], block_pii=True)
                 return True
             # The strings outside the choices (an error's message), each event on its own, and what a
             # client reconstructs of each string of a choice: one screen over them all.

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import mcp_types as types
+from stoa_proto.bodies import media_type
 from stoa_proto.decisions import IDENTITY_HEADER
 from stoa_translate.tools import ToolError, expand
 from yarl import URL
@@ -42,7 +43,7 @@ def upstream_session() -> aiohttp.ClientSession:
 
 def _content(content_type: str, body: bytes, text: str) -> types.ContentBlock:
     """The API's answer as MCP content: an image or audio body as such (base64), anything else as text."""
-    media = content_type.split(";", 1)[0].strip().lower()
+    media = media_type(content_type)
     if media.startswith("image/"):
         return types.ImageContent(type="image", data=base64.b64encode(body).decode("ascii"), mime_type=media)
     if media.startswith("audio/"):

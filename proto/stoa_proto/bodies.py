@@ -9,6 +9,12 @@ from __future__ import annotations
 
 CONTENT_TYPE = "application/json"
 
+
+def media_type(content_type: str) -> str:
+    """The media type of a `content-type` value, without its parameters, in lower case (it has none)."""
+    return content_type.split(";", 1)[0].strip().lower()
+
+
 _DENIED = b'{"error":"access_denied","message":"The request was not authorized."}'
 
 DENY_BODIES: dict[int, bytes] = {

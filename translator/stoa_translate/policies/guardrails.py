@@ -49,10 +49,15 @@ def visible(text: str) -> str:
     return text if text.isascii() else _INVISIBLE.sub("", text)
 
 
+def plain(text: str) -> str:
+    """Text in its normal form: invisible characters removed, then NFKC."""
+    return unicodedata.normalize("NFKC", visible(text))
+
+
 def folded(text: str) -> str:
-    """Text as block patterns and PII kinds see it: invisible characters removed, NFKC, case-folded
-    (`ß` is `ss`), and a Turkish dotted capital I (folded to `i` and a combining dot) read as `i`."""
-    text = unicodedata.normalize("NFKC", visible(text)).casefold()
+    """Text as block patterns and PII kinds see it: `plain`, case-folded (`ß` is `ss`), and a Turkish
+    dotted capital I (folded to `i` and a combining dot) read as `i`."""
+    text = plain(text).casefold()
     return text.replace("i\u0307", "i") if "\u0307" in text else text
 
 
@@ -66,8 +71,7 @@ def matcher(pattern: str) -> Any:
 
 
 def pattern_form(pattern: str) -> str:
-    plain = unicodedata.normalize("NFKC", visible(pattern))
-    return "".join(c if c.isascii() else folded(c) for c in plain)
+    return "".join(c if c.isascii() else folded(c) for c in plain(pattern))
 
 
 @dataclass(frozen=True)
