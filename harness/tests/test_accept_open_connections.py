@@ -10,6 +10,7 @@ the connection opened before the change is still served by the listener that acc
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 from collections.abc import Callable, Iterator
@@ -184,20 +185,27 @@ def test_policies_apply_on_a_connection_opened_before_the_routing_switched(scope
     open_auth = {"mode": "none", "scopes": []}
     gateway.publish("before", tenant_id=TENANT, auth=open_auth)
     admin.wait_synced()
-    on_scopes = Connection(gateway)
-    try:
+    with contextlib.ExitStack() as opened:
+
+        def connection() -> Connection:
+            """A new connection to the gateway, closed when the test ends."""
+            made = Connection(gateway)
+            opened.callback(made.close)
+            return made
+
+        on_scopes = connection()
         assert on_scopes.request("GET", "/apis/before/x")[0] == 200
         gateway.publish("catchall", tenant_id=TENANT, auth=open_auth, path_prefix="/catchall")
         admin.wait_synced()
         assert routing(gateway) == "one table"
-        on_one_table = Connection(gateway)
+        on_one_table = connection()
         assert on_one_table.request("GET", "/catchall/x")[0] == 200
         fence = {"mode": "deny", "ip_list": ["127.0.0.0/8"]}
         admin.add_policy("fence", "ip_filter", fence, tenant_id=TENANT, targets=["before"])
         admin.wait_synced()
         # The scopes that connection's listener read are gone: Envoy answers 404 there.
         assert on_scopes.request("GET", "/apis/before/x")[0] == 404
-        assert Connection(gateway).request("GET", "/apis/before/x")[0] == 403
+        assert connection().request("GET", "/apis/before/x")[0] == 403
         admin.undeploy("catchall")
         gateway.publish("after", tenant_id=TENANT, auth=open_auth)
         admin.wait_synced()
@@ -207,13 +215,10 @@ def test_policies_apply_on_a_connection_opened_before_the_routing_switched(scope
             status, content = on_one_table.request("GET", path)
             assert status == 503, f"{path}: a connection opened on the one table was served by it as it was"
             assert json.loads(content) == json.loads(DENY_BODIES[503])
-        fresh = Connection(gateway)
+        fresh = connection()
         assert fresh.request("GET", "/catchall/x")[0] == 404
         assert fresh.request("GET", "/apis/before/x")[0] == 403
         assert fresh.request("GET", "/apis/after/x")[0] == 200
-        fresh.close()
-    finally:
-        on_scopes.close()
 
 
 def routing(estate: Estate) -> str:

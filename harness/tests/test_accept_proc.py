@@ -514,27 +514,32 @@ def test_a_service_killed_mid_stream_ends_the_stream_and_passes_nothing_more(est
     # so the client's stream ends there (never the rest of the model's answer), and nothing is retried.
     estate.llm.script(["first", " second", " third", " fourth"], pause_s=0.6)
     received = b""
-    with httpx.stream(
-        "POST", estate.url("/apis/chat/chat/completions"), json=ask("hi", stream=True), timeout=10
-    ) as response:
-        assert response.status_code == 200
-        chunks = response.iter_bytes()
-        try:
-            while b'"first"' not in received:
-                received += next(chunks)
-            assert estate.proc.proc is not None
-            os.killpg(estate.proc.proc.pid, signal.SIGKILL)
-            for chunk in chunks:
-                received += chunk
-        except httpx.HTTPError:
-            pass  # Envoy reset the stream: what a client of an interrupted answer sees
-        finally:
-            estate.proc.stop()
+    killed = False
+    try:
+        with httpx.stream(
+            "POST", estate.url("/apis/chat/chat/completions"), json=ask("hi", stream=True), timeout=10
+        ) as response:
+            assert response.status_code == 200
+            chunks = response.iter_bytes()
+            try:
+                while b'"first"' not in received:
+                    received += next(chunks)
+                assert estate.proc.proc is not None
+                os.killpg(estate.proc.proc.pid, signal.SIGKILL)
+                killed = True
+                for chunk in chunks:
+                    received += chunk
+            except httpx.HTTPError:
+                pass  # Envoy reset the stream: what a client of an interrupted answer sees
+    finally:
+        estate.proc.stop()
+        estate.proc.start()  # the module's other tests need it, whatever happened here
+    assert killed, f"the stream ended before its first event: {received!r}"
     text = received.decode()
+    assert '"first"' in text
     assert " third" not in text
     assert " fourth" not in text
     assert "[DONE]" not in text
     assert len(estate.llm.requests()) == 1, "Envoy sent the POST to the model again"
-    estate.proc.start()
     estate.llm.script(["All", " good."])
     assert stream(estate, "hi").endswith("data: [DONE]\n\n")

@@ -173,21 +173,19 @@ class McpModule:
                 retry_after = await self.budgets.spend(caller, tool.name, *tool.budget)
             except BudgetUnavailable:
                 # Fail closed: a call that cannot be counted is not made.
-                self._refused("budget_unavailable", caller, tool.name, started)
+                self._record("budget_unavailable", caller, tool.name, started)
                 return error_result("the tool's budget cannot be counted now; try again later")
             if retry_after is not None:
-                self._refused("budget_exhausted", caller, tool.name, started)
+                self._record("budget_exhausted", caller, tool.name, started)
                 calls, window = tool.budget
                 limit = f"{calls} calls per {window} s"
                 return error_result(f"budget exhausted ({limit}); retry in {retry_after} s")
         result = await invoke(self._http, tool, dict(params.arguments or {}), envelope, self._timeout_ms)
-        outcome = "error" if result.is_error else "ok"
-        self.calls[outcome] += 1
-        self.call_log.emit(outcome, caller.tenant_id, tool.name, (time.perf_counter() - started) * 1000)
+        self._record("error" if result.is_error else "ok", caller, tool.name, started)
         return result
 
-    def _refused(self, outcome: str, caller: Caller, tool: str, started: float) -> None:
-        """A call its budget refused: counted and logged like any other outcome."""
+    def _record(self, outcome: str, caller: Caller, tool: str, started: float) -> None:
+        """A call's outcome, counted and logged (the budget's refusals like any other)."""
         self.calls[outcome] += 1
         self.call_log.emit(outcome, caller.tenant_id, tool, (time.perf_counter() - started) * 1000)
 

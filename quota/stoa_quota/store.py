@@ -64,13 +64,13 @@ RECONNECT_S = 1.0
 PROBE_S = 0.05
 
 
-def _bounded_connection(psycopg: Any, wait_s: float) -> type:
-    """A connection class whose every wait on the server gives up after `wait_s`: a server that stops
-    answering (a hung host, a stopped process, a dropped network) never enforces its own statement
-    timeout, and the caller's thread would wait for TCP to give up, for many minutes."""
-    wait_timeout = psycopg.errors._WaitTimeout
+def _bounded_connection(connection: type, wait_timeout: type[Exception], wait_s: float) -> type:
+    """A `connection` class whose every wait on the server gives up after `wait_s` (`wait_timeout`
+    raised): a server that stops answering (a hung host, a stopped process, a dropped network) never
+    enforces its own statement timeout, and the caller's thread would wait for TCP to give up, for
+    many minutes."""
 
-    class BoundedConnection(psycopg.Connection):  # type: ignore[misc, name-defined]
+    class BoundedConnection(connection):  # type: ignore[misc, valid-type]
         def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
             try:
                 return super().wait(gen, interval, wait_s if timeout is None else timeout)
@@ -109,9 +109,11 @@ class QuotaStore:
         self._psycopg: Any = importlib.import_module("psycopg")
         psycopg_pool: Any = importlib.import_module("psycopg_pool")
         self._failures = (self._psycopg.Error, psycopg_pool.PoolTimeout, OSError)
+        # What a wait on a server that does not answer raises (psycopg's own, private name).
+        self._wait_timeout: type[Exception] = self._psycopg.errors._WaitTimeout
         self.pool = psycopg_pool.ConnectionPool(
             dsn,
-            connection_class=_bounded_connection(self._psycopg, 2 * timeout_s),
+            connection_class=_bounded_connection(self._psycopg.Connection, self._wait_timeout, 2 * timeout_s),
             reconnect_timeout=RECONNECT_S,
             reconnect_failed=self._unreachable,
             # Every connection opened at start (in the background): a caller's first burst never
@@ -158,7 +160,7 @@ class QuotaStore:
                     conn.execute(SCHEMA)
                     cursor = work(conn)
                 except self._psycopg.OperationalError as exc:
-                    if isinstance(exc, self._psycopg.errors._WaitTimeout):
+                    if isinstance(exc, self._wait_timeout):
                         # A server that stopped answering: known lost (testing the others would only
                         # wait on it too), so the next callers are not each held the whole timeout.
                         self._lost = True

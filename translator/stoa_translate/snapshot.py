@@ -213,7 +213,11 @@ def dangling_references(snapshot: Snapshot, route_clusters: Iterable[str] | None
             if rds is not None and rds not in routes:
                 missing.append(f"listener {resource_name(listener)}: route configuration {rds} is missing")
             # The one table's name stays served (closed) while the routes go by scope.
-            if manager.HasField("scoped_routes") and not snapshot.of(SCOPED_ROUTE) and routes - {ONE_TABLE}:
+            if (
+                manager.HasField("scoped_routes")
+                and not snapshot.of(SCOPED_ROUTE)
+                and routes - snapshot.on_request
+            ):
                 missing.append(f"listener {resource_name(listener)}: routes by scope, but no scope")
             for http_filter in manager.http_filters:
                 name = _grpc_cluster(http_filter)
