@@ -61,15 +61,12 @@ def _leaves(node: Any, path: tuple[object, ...], found: list[tuple[tuple[object,
 
 
 def _deltas(payload: Any) -> list[tuple[tuple[object, ...], str]]:
-    if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
+    """The strings of an event's `choices` by their place, whatever shape the member has (a client
+    shows a choice it can read; what it cannot read is still inspected)."""
+    if not isinstance(payload, dict) or "choices" not in payload:
         return []
     found: list[tuple[tuple[object, ...], str]] = []
-    for position, choice in enumerate(payload["choices"]):
-        if not isinstance(choice, dict):
-            continue
-        index = choice.get("index", position)
-        index = index if isinstance(index, int) else position
-        _leaves(choice, (index,), found)
+    _leaves(payload["choices"], (), found)
     return found
 
 

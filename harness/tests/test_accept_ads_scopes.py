@@ -159,14 +159,17 @@ def test_new_connections_are_served_throughout_a_switch_of_the_routing(fresh_sco
 
 def _answers_during(scoped: ScopedSite, generation: int, snapshot: Snapshot) -> Counter[int]:
     """The statuses of requests on new connections, one after another, while `snapshot` is applied
-    (synced), up to a request sent after it."""
+    (synced), up to a request sent after it; 0 for a connection refused or reset."""
     url = f"http://127.0.0.1:{scoped.site.listener_port}/apis/a0007/x"
     answers: Counter[int] = Counter()
     stop = threading.Event()
 
     def new_connections() -> None:
         while not stop.is_set():
-            answers[httpx.get(url, headers={"connection": "close"}, timeout=5).status_code] += 1
+            try:
+                answers[httpx.get(url, headers={"connection": "close"}, timeout=5).status_code] += 1
+            except httpx.HTTPError:
+                answers[0] += 1
 
     thread = threading.Thread(target=new_connections)
     thread.start()
